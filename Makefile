@@ -1,0 +1,31 @@
+# `make demo` and `make test` set up .venv from nothing when it is missing.
+# CPU here: torch==2.13.0 (the CPU build). A CUDA user installs the torch build that matches
+# their driver into .venv first and runs `make TORCH_SPEC= demo` (empty: keep that torch).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.glmperf-installed
+
+.PHONY: demo test lint bench clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)")
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/profile-run --config configs/small.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+bench: $(STAMP)
+	$(PY) benchmarks/peer_hf_glm.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,187 @@
+"""The pieces every switch shares: the context it runs in, the setup it edits, its facts, the registry.
+
+A switch is one module with one `apply_<switch>(setup, cfg, ctx)` that edits a `TrainSetup` (the
+wrapped model, optimizer, autocast, scaler, ... the trainer runs) and an `Optimization` record
+with its facts. The model protocol a switch may rely on is small (see `blocks`), so the catalog
+works on a user's own model too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from optimizers.config import ConfigError, SwitchesConfig
+
+log = logging.getLogger("glmperf.optimizers")
+
+
+@dataclass
+class SetupContext:
+    """Where the setup will run; switches that cannot run there refuse at config time."""
+
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    world_size: int = 1
+    rank: int = 0
+    total_steps: int = 100
+    """Optimizer steps of the run (schedules need the horizon)."""
+    lr: float = 3e-4
+    batch_size: int = 8
+    """Micro-batch size in samples, the one the loader starts with."""
+    objective: str = "causal"
+    memory_budget_bytes: int | None = None
+    """The capacity memory-fitting switches aim under (None: the device's or machine's)."""
+
+
+class BatchController(Protocol):
+    """Decides the next micro-batch size from the last step (dynamic batching)."""
+
+    batch_size: int
+
+    def observe(self, step_time_s: float, peak_memory_bytes: int | None) -> int: ...
+
+
+class StepMonitor(Protocol):
+    """Watches per-step figures and returns events (dicts) worth recording, e.g. a loss spike."""
+
+    def observe(self, step: int, loss: float, grad_norm: float) -> list[dict[str, Any]]: ...
+
+
+@dataclass
+class TrainSetup:
+    """Everything the trainer needs to run a step; switches edit it in `apply_all` order."""
+
+    model: nn.Module
+    """What the trainer calls: maybe compiled or DDP-wrapped."""
+    raw_model: nn.Module | None = None
+    """The plain model (state dicts, parameter counts); defaults to `model`."""
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Any = None
+    """A torch LR scheduler; `step_scheduler` knows whether it wants the loss (plateau)."""
+    scheduler_wants_loss: bool = False
+    autocast_dtype: torch.dtype | None = None
+    scaler: torch.amp.GradScaler | None = None
+    accumulation_steps: int = 1
+    no_sync: Callable[[], contextlib.AbstractContextManager] | None = None
+    """DDP's `no_sync`, used on every micro-batch but the last of an accumulation."""
+    clip_grad_norm: float = 0.0
+    nan_guard: str = "off"
+    monitors: list[StepMonitor] = field(default_factory=list)
+    post_step_hooks: list[Callable[[], None]] = field(default_factory=list)
+    """Run after every optimizer step (e.g. re-apply pruning masks)."""
+    batch_controller: BatchController | None = None
+    loader_options: dict[str, Any] = field(default_factory=dict)
+    """DataLoader keyword arguments chosen by the dataloader switch."""
+    comm_stats: Any = None
+    """Communication counters filled by the DDP comm hook (profiler reads them)."""
+    compiled: bool = False
+    """True when torch.compile is on: the first steps include compile time."""
+    applied: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.raw_model is None:
+            self.raw_model = self.model
+
+    def note(self, switch: str, message: str) -> None:
+        """Record (and log) what a switch did, for the run record and the console."""
+        self.notes.append(f"{switch}: {message}")
+        log.info("%s: %s", switch, message)
+
+    def step_scheduler(self, loss: float | None) -> None:
+        if self.scheduler is None:
+            return
+        if self.scheduler_wants_loss:
+            self.scheduler.step(loss)
+        else:
+            self.scheduler.step()
+
+    @contextlib.contextmanager
+    def micro_batch(self, last: bool) -> Iterator[None]:
+        """Skip DDP's all-reduce on every micro-batch but the last (no_sync)."""
+        if self.no_sync is not None and not last:
+            with self.no_sync():
+                yield
+        else:
+            yield
+
+
+def blocks(model: nn.Module) -> nn.ModuleList:
+    """The model protocol: `model.blocks` is the list of transformer blocks, in order.
+
+    Each block has `self_attn` (with an `attention_fn` attribute the attention switch replaces)
+    and `mlp` (with `gate_up_proj` and `down_proj` Linears, gate first). Blocks may be replaced
+    in the list (parameter sharing) or have their `forward` wrapped (checkpointing).
+    """
+    found = getattr(model, "blocks", None)
+    if not isinstance(found, nn.ModuleList):
+        raise TypeError(
+            f"{type(model).__name__} does not follow the optimizers model protocol: it needs a "
+            "`blocks` nn.ModuleList of transformer blocks (see optimizers.base.blocks)")
+    return found
+
+
+Check = Callable[[SwitchesConfig, SetupContext], "str | None"]
+"""Returns the reason a configuration cannot run in this context, or None."""
+
+
+@dataclass(frozen=True)
+class Optimization:
+    """One switch of the catalog and the facts `recommend` ranks it by."""
+
+    name: str
+    """The `switches.<name>` key."""
+    apply: Callable[[TrainSetup, Any, SetupContext], None]
+    enabled: Callable[[Any], bool]
+    """Whether the section asks for anything beyond the baseline."""
+    addresses: tuple[str, ...]
+    """Bottleneck names (profiler.analysis) this switch relieves."""
+    effect: str
+    cost: str
+    risk: str
+    source: str
+    """Where the source documents discuss it (e.g. '000 2.3')."""
+    needs: str = ""
+    checks: tuple[Check, ...] = ()
+    """Context checks run at config time (conflicts, missing hardware)."""
+
+
+class Registry:
+    """Switches by name, in the order `apply_all` applies them; refuses duplicates and unknowns."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, Optimization] = {}
+
+    def register(self, opt: Optimization) -> None:
+        if opt.name in self._items:
+            raise ValueError(f"switch {opt.name!r} is registered twice")
+        if opt.name not in {f for f in SwitchesConfig.__dataclass_fields__}:
+            raise ValueError(f"switch {opt.name!r} has no section in SwitchesConfig")
+        self._items[opt.name] = opt
+
+    def get(self, name: str) -> Optimization:
+        try:
+            return self._items[name]
+        except KeyError:
+            raise ConfigError(f"switches.{name}", f"unknown switch; known: {', '.join(self._items)}") from None
+
+    def names(self) -> list[str]:
+        return list(self._items)
+
+    def __iter__(self) -> Iterator[Optimization]:
+        return iter(self._items.values())
+
+
+def check_context(registry: Registry, switches: SwitchesConfig, ctx: SetupContext) -> None:
+    """Raise `ConfigError` for the first switch that cannot run here or conflicts with another."""
+    for opt in registry:
+        for check in opt.checks:
+            reason = check(switches, ctx)
+            if reason:
+                raise ConfigError(f"switches.{opt.name}", reason)

@@ -1,0 +1,57 @@
+"""The registry of switches and `apply_all`, the one ordered pipeline that turns config into a setup."""
+
+from __future__ import annotations
+
+import importlib
+
+from torch import nn
+
+from optimizers.base import Registry, SetupContext, TrainSetup, check_context
+from optimizers.config import SwitchesConfig
+
+# The pipeline's order, and it matters; the reason stands beside each line: (module, record).
+ORDER = (
+    ("init", "OPTIMIZATION"),  # initialize weights first: later switches copy or slice them
+    ("param_sharing", "OPTIMIZATION"),  # tie blocks before anything counts, prunes or wraps them
+    ("ffn_pruning", "OPTIMIZATION"),  # shrink/mask FFN weights while the modules are still plain
+    ("attention", "OPTIMIZATION"),  # choose the kernel before anything traces or wraps the blocks
+    ("activation_checkpointing", "OPTIMIZATION"),  # wrap blocks before compile sees them (torchtitan)
+    ("compile", "OPTIMIZATION"),  # compile the final block structure
+    ("memory_fraction", "OPTIMIZATION"),  # cap CUDA memory before DDP allocates its buckets
+    ("ddp", "OPTIMIZATION"),  # wrap last: DDP must see the final parameters and gradients
+    ("optim", "OPTIMIZER"),  # build over the final parameters (after sharing, pruning, wrapping)
+    ("optim", "LR_SCHEDULE"),  # needs the optimizer
+    ("amp", "OPTIMIZATION"),  # autocast dtype and GradScaler, read by the trainer
+    ("grad_accumulation", "OPTIMIZATION"),  # micro-batches per step (uses DDP's no_sync if wrapped)
+    ("stability", "STABILITY"),  # clip / guard settings read by the trainer
+    ("dynamic_batch", "OPTIMIZATION"),  # batch controller, after everything that changes memory
+    ("dataloader", "OPTIMIZATION"),  # loader options
+)
+
+REGISTRY = Registry()
+for _module, _attr in ORDER:
+    try:  # TODO(integration): strict imports once every switch module has landed
+        REGISTRY.register(getattr(importlib.import_module(f"optimizers.{_module}"), _attr))
+    except ModuleNotFoundError:
+        pass
+
+ALWAYS = {"optimizer", "lr_schedule", "stability"}
+"""Applied even at their defaults: the baseline trains with them (AdamW, cosine, clip 1.0)."""
+
+
+def check_all(switches: SwitchesConfig, ctx: SetupContext) -> None:
+    """Refuse, before any work, a switch that cannot run in `ctx` or conflicts with another."""
+    check_context(REGISTRY, switches, ctx)
+
+
+def apply_all(model: nn.Module, switches: SwitchesConfig, ctx: SetupContext) -> TrainSetup:
+    """Apply every enabled switch in registry order and return what the trainer runs."""
+    check_all(switches, ctx)
+    setup = TrainSetup(model=model)
+    for opt in REGISTRY:
+        section = getattr(switches, opt.name)
+        if opt.name in ALWAYS or opt.enabled(section):
+            opt.apply(setup, section, ctx)
+            if opt.enabled(section):
+                setup.applied.append(opt.name)
+    return setup

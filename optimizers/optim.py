@@ -1,0 +1,154 @@
+"""The torch optimizer and the learning-rate schedule (000 4.1; 004 4.3).
+
+The schedule is a pure function of the optimizer step (`lr_factor`), so a test can compare the
+learning rate at every step with the formula and a resumed run continues the same curve. The
+plateau schedule needs the loss, which costs a device sync per step; the others do not.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from optimizers.base import Optimization, SetupContext, TrainSetup
+from optimizers.config import LrScheduleConfig, OptimizerConfig, SwitchesConfig
+
+_CLASSES: dict[str, type[torch.optim.Optimizer]] = {
+    "adamw": torch.optim.AdamW,
+    "sgd": torch.optim.SGD,
+    "rmsprop": torch.optim.RMSprop,
+    "adagrad": torch.optim.Adagrad,
+}
+# torch offers a fused (single-kernel) implementation only for these.
+_FUSED = {"adamw", "sgd", "adagrad"}
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Decay matrices only: norms and biases (1-D) are not decayed, as in GPT/GLM training."""
+    seen: set[int] = set()
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimizerConfig, lr: float) -> torch.optim.Optimizer:
+    kwargs: dict[str, Any] = {"lr": lr}
+    if cfg.name == "adamw":
+        kwargs.update(betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    elif cfg.name in ("sgd", "rmsprop"):
+        kwargs.update(momentum=cfg.momentum)
+    if cfg.name in ("rmsprop", "adagrad"):
+        kwargs.update(eps=cfg.eps)
+    if cfg.impl == "forloop":
+        kwargs["foreach"] = False
+    elif cfg.impl == "foreach":
+        kwargs["foreach"] = True
+    elif cfg.impl == "fused":
+        kwargs["fused"] = True
+    return _CLASSES[cfg.name](param_groups(model, cfg.weight_decay), **kwargs)
+
+
+def lr_factor(cfg: LrScheduleConfig, step: int, total_steps: int) -> float:
+    """Multiplier of the peak lr at optimizer step `step` (0-based), for every schedule but plateau.
+
+    warmup: (step + 1) / warmup_steps for the first warmup_steps steps, then
+    constant: 1; cosine: min + (1 - min) * (1 + cos(pi * progress)) / 2, progress 0 -> 1 over the
+    remaining steps; step: gamma ** ((step - warmup) // step_size).
+    """
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    after = step - cfg.warmup_steps
+    if cfg.name == "cosine":
+        span = max(1, total_steps - cfg.warmup_steps - 1)
+        progress = min(1.0, after / span)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    if cfg.name == "step":
+        return cfg.gamma ** (after // cfg.step_size)
+    return 1.0
+
+
+class WarmupPlateau:
+    """Linear warmup, then multiply the lr by `factor` when the loss has not improved for `patience`."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, cfg: LrScheduleConfig) -> None:
+        self.optimizer, self.cfg = optimizer, cfg
+        self.base_lrs = [g["lr"] for g in optimizer.param_groups]
+        self.step_count, self.scale, self.best, self.bad_steps = 0, 1.0, math.inf, 0
+        self._set()
+
+    def _set(self) -> None:
+        warm = min(1.0, (self.step_count + 1) / self.cfg.warmup_steps) if self.cfg.warmup_steps else 1.0
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            group["lr"] = base * warm * self.scale
+
+    def step(self, loss: float | None) -> None:
+        self.step_count += 1
+        if loss is not None and self.step_count > self.cfg.warmup_steps:
+            if loss < self.best - 1e-12:
+                self.best, self.bad_steps = loss, 0
+            else:
+                self.bad_steps += 1
+                if self.bad_steps >= self.cfg.plateau_patience:
+                    self.scale *= self.cfg.plateau_factor
+                    self.bad_steps = 0
+        self._set()
+
+    def get_last_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("base_lrs", "step_count", "scale", "best", "bad_steps")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+        self._set()
+
+
+def apply_optimizer(setup: TrainSetup, cfg: OptimizerConfig, ctx: SetupContext) -> None:
+    setup.optimizer = build_optimizer(setup.raw_model, cfg, ctx.lr)
+    setup.note("optimizer", f"{cfg.name} (impl {cfg.impl}, lr {ctx.lr:g}, weight decay {cfg.weight_decay:g})")
+
+
+def apply_lr_schedule(setup: TrainSetup, cfg: LrScheduleConfig, ctx: SetupContext) -> None:
+    if setup.optimizer is None:
+        raise RuntimeError("lr_schedule needs the optimizer: apply 'optimizer' first")
+    if cfg.name == "plateau":
+        setup.scheduler, setup.scheduler_wants_loss = WarmupPlateau(setup.optimizer, cfg), True
+    else:
+        total = ctx.total_steps
+        setup.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            setup.optimizer, lambda step: lr_factor(cfg, step, total))
+    setup.note("lr_schedule", f"{cfg.name}, warmup {cfg.warmup_steps} steps")
+
+
+def _check_fused(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+    cfg = switches.optimizer
+    if cfg.impl == "fused" and cfg.name not in _FUSED:
+        return f"impl=fused: torch has no fused {cfg.name}; fused exists for {', '.join(sorted(_FUSED))}"
+    return None
+
+
+OPTIMIZER = Optimization(
+    name="optimizer", apply=apply_optimizer,
+    enabled=lambda c: c.name != "adamw" or c.impl != "auto",
+    addresses=("optimizer_bound",),
+    effect="foreach/fused implementations cut the optimizer step's kernel launches from one per "
+           "parameter to a few",
+    cost="fused AdamW keeps the same state; sgd/rmsprop/adagrad change convergence, not only speed",
+    risk="a different optimizer needs its own lr; compare loss curves, not only step time",
+    source="000 4.1; 004 4.3", checks=(_check_fused,))
+
+LR_SCHEDULE = Optimization(
+    name="lr_schedule", apply=apply_lr_schedule, enabled=lambda c: c.name != "cosine",
+    addresses=("unstable", "plateau"),
+    effect="warmup avoids early loss spikes; decay lowers the final loss",
+    cost="none per step (plateau reads the loss every step: one device sync)",
+    risk="too short a warmup or too high a peak lr diverges", source="000 4.1; 004 4.3")

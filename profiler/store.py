@@ -1,0 +1,257 @@
+"""The run store: the only module that reads or writes run directories (docs/run-format.md).
+
+A run directory holds plain files: run.json, steps/samples/ops parquet tables, events.jsonl and
+traces/. While a run is live each rank appends to its own part files under parts/ (a background
+thread flushes buffered rows every `flush_interval_s`, each part written atomically), so a crash
+loses at most one interval and no rank ever writes another's file. When the run ends the parts
+are compacted into one table each. Readers accept either form, so a run killed with SIGKILL is
+still readable; its stale heartbeat marks it `incomplete`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+SCHEMA_VERSION = 1
+TABLES = ("steps", "samples", "ops")
+STALE_AFTER_S = 60.0
+"""A `running` run whose heartbeats are all older than this (and whose process is gone) is `incomplete`."""
+
+
+def default_runs_dir(cli_value: str | Path | None = None) -> Path:
+    """--runs-dir, else $GLMPERF_RUNS, else ./runs."""
+    return Path(cli_value or os.environ.get("GLMPERF_RUNS") or "runs")
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def create_run(runs_dir: Path, name: str, record: dict[str, Any]) -> Path:
+    """Make a new run directory (never reusing one) and its run.json with status `running`."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40] or "run"
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    while True:
+        run_id = f"{stamp}-{safe}-{secrets.token_hex(3)}"
+        run_dir = runs_dir / run_id
+        try:
+            run_dir.mkdir()  # atomic: two runs started at once never share a directory
+            break
+        except FileExistsError:
+            continue
+    (run_dir / "parts").mkdir()
+    (run_dir / "traces").mkdir()
+    write_json_atomic(run_dir / "run.json", {
+        "schema_version": SCHEMA_VERSION, "id": run_id, "name": name, "status": "running",
+        "created": _utc_now(), "ended": None, "pid": os.getpid(), "host": os.uname().nodename,
+        **record})
+    return run_dir
+
+
+def read_run(run_dir: Path) -> dict[str, Any]:
+    """run.json, with `status` turned to `incomplete` when a `running` run has gone silent."""
+    record = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    if record.get("status") == "running" and _is_stale(run_dir, record):
+        record["status"] = "incomplete"
+    return record
+
+
+def update_run(run_dir: Path, **fields: Any) -> dict[str, Any]:
+    record = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    record.update(fields)
+    write_json_atomic(run_dir / "run.json", record)
+    return record
+
+
+def _pid_alive(pid: int | None, host: str | None) -> bool:
+    if not pid or host != os.uname().nodename:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _is_stale(run_dir: Path, record: dict[str, Any]) -> bool:
+    if _pid_alive(record.get("pid"), record.get("host")):
+        return False
+    beats = [p.stat().st_mtime for p in (run_dir / "parts").glob("heartbeat-r*")]
+    last = max(beats, default=(run_dir / "run.json").stat().st_mtime)
+    return time.time() - last > STALE_AFTER_S
+
+
+class RunWriter:
+    """One rank's buffered writer; a daemon thread flushes to part files off the training thread."""
+
+    def __init__(self, run_dir: Path, *, rank: int = 0, flush_interval_s: float = 2.0) -> None:
+        self.run_dir, self.rank = run_dir, rank
+        self.parts = run_dir / "parts"
+        self.parts.mkdir(parents=True, exist_ok=True)
+        self._buffers: dict[str, list[dict[str, Any]]] = {t: [] for t in TABLES}
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._interval = flush_interval_s
+        self._events = open(self.parts / f"events-r{rank}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        self._beat()
+        self._thread = threading.Thread(target=self._loop, name=f"glmperf-store-r{rank}", daemon=True)
+        self._thread.start()
+
+    # the writer protocol instruments use
+    def add_steps(self, rows: list[dict[str, Any]]) -> None:
+        self._add("steps", rows)
+
+    def add_samples(self, rows: list[dict[str, Any]]) -> None:
+        self._add("samples", rows)
+
+    def add_ops(self, rows: list[dict[str, Any]]) -> None:
+        self._add("ops", rows)
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        """Events are rare and precious: written and flushed at once, one JSON object a line."""
+        line = json.dumps({"ts": time.time(), "rank": self.rank, **event}, default=str)
+        with self._lock:
+            self._events.write(line + "\n")
+            self._events.flush()
+
+    def trace_path(self, rank: int) -> Path:
+        return self.run_dir / "traces" / f"rank{rank}.json.gz"
+
+    def _add(self, table: str, rows: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._buffers[table].extend(rows)
+
+    def _beat(self) -> None:
+        (self.parts / f"heartbeat-r{self.rank}").write_text(str(time.time()))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            taken = {t: rows for t, rows in self._buffers.items() if rows}
+            self._buffers = {t: [] for t in TABLES}
+        with self._write_lock:
+            for table, rows in taken.items():
+                self._seq += 1
+                final = self.parts / f"{table}-r{self.rank}-{self._seq:06d}.parquet"
+                tmp = final.with_name("." + final.name + ".tmp")
+                pd.DataFrame(rows).to_parquet(tmp, index=False)
+                os.replace(tmp, final)
+            self._beat()
+
+    def close(self) -> None:
+        """Stop the thread and write everything still buffered (safe to call twice)."""
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=10)
+        self.flush()
+        with self._lock:
+            if not self._events.closed:
+                self._events.close()
+
+
+def _part_files(run_dir: Path, table: str) -> list[Path]:
+    return sorted((run_dir / "parts").glob(f"{table}-r*-*.parquet")) if (run_dir / "parts").is_dir() else []
+
+
+def read_table(run_dir: Path, table: str) -> pd.DataFrame:
+    """A table of the run: the compacted file if there is one, else the live parts concatenated."""
+    if table not in TABLES:
+        raise ValueError(f"unknown table {table!r}; known: {', '.join(TABLES)}")
+    path = run_dir / f"{table}.parquet"
+    if path.exists():
+        return pd.read_parquet(path)
+    frames = [pd.read_parquet(p) for p in _part_files(run_dir, table)]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame()
+    df = pd.concat(frames, ignore_index=True)
+    sort = [c for c in ("step", "rank", "ts") if c in df.columns]
+    return df.sort_values(sort, kind="stable", ignore_index=True) if sort else df
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    files = [run_dir / "events.jsonl"] if (run_dir / "events.jsonl").exists() else \
+        sorted((run_dir / "parts").glob("events-r*.jsonl"))
+    events: list[dict[str, Any]] = []
+    for path in files:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:  # a line cut short by a kill
+                    continue
+    return sorted(events, key=lambda e: e.get("ts", 0))
+
+
+def compact(run_dir: Path) -> None:
+    """Fold every rank's parts into steps/samples/ops.parquet and events.jsonl, then drop the parts."""
+    for table in TABLES:
+        parts = _part_files(run_dir, table)
+        df = read_table(run_dir, table)
+        if not df.empty or not (run_dir / f"{table}.parquet").exists():
+            tmp = run_dir / f".{table}.parquet.tmp"
+            df.to_parquet(tmp, index=False)
+            os.replace(tmp, run_dir / f"{table}.parquet")
+        for p in parts:
+            p.unlink()
+    events = read_events(run_dir)
+    tmp = run_dir / ".events.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(e, default=str) + "\n" for e in events), encoding="utf-8")
+    os.replace(tmp, run_dir / "events.jsonl")
+    for p in (run_dir / "parts").glob("events-r*.jsonl"):
+        p.unlink()
+
+
+def list_runs(runs_dir: Path) -> list[dict[str, Any]]:
+    """Every run under `runs_dir`, newest first, each with its `path`."""
+    if not runs_dir.is_dir():
+        return []
+    out = []
+    for run_json in runs_dir.glob("*/run.json"):
+        try:
+            out.append({**read_run(run_json.parent), "path": str(run_json.parent)})
+        except (OSError, json.JSONDecodeError):
+            continue
+    return sorted(out, key=lambda r: r.get("created") or "", reverse=True)
+
+
+def rank_status_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / "parts" / f"status-r{rank}.json"
+
+
+def write_rank_status(run_dir: Path, rank: int, status: str, **fields: Any) -> None:
+    write_json_atomic(rank_status_path(run_dir, rank), {"rank": rank, "status": status, **fields})
+
+
+def read_rank_statuses(run_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted((run_dir / "parts").glob("status-r*.json")):
+        try:
+            out.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return out

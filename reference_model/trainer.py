@@ -1,0 +1,303 @@
+"""The training loop: one loop, the switches' setup, and hooks where instruments attach.
+
+The trainer knows nothing of profiling. It brackets every phase of a step (data, h2d, forward,
+backward, optimizer, checkpoint) with hook calls and hands each hook the step's figures at the
+end. Loss and grad norm stay device tensors in the `StepRecord` unless a switch needs their value
+(the NaN guard, the plateau schedule), so a hook can read them lazily without a sync per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from optimizers import SetupContext, SwitchesConfig, TrainSetup, apply_all
+from reference_model.checkpoint import load_latest, save_checkpoint
+from reference_model.config import DataConfig, GLMConfig, TrainConfig
+from reference_model.data import build_loader
+from reference_model.model import GLMForCausalLM
+
+log = logging.getLogger("glmperf.trainer")
+
+PHASES = ("data", "h2d", "forward", "backward", "optimizer", "checkpoint")
+
+
+class NonFiniteLossError(RuntimeError):
+    """The NaN/Inf guard's `stop` policy ended the run (a debug checkpoint was saved)."""
+
+
+@dataclass
+class StepRecord:
+    """One optimizer step's figures, as the trainer knows them (timings belong to instruments)."""
+
+    step: int
+    batch_size: int
+    """Micro-batch size in samples (per rank)."""
+    micro_batches: int
+    tokens: int
+    """Input tokens this rank processed in the step."""
+    loss: torch.Tensor
+    """Mean loss over the micro-batches (a detached device tensor: `float()` it lazily)."""
+    grad_norm: torch.Tensor
+    """Global gradient L2 norm before clipping."""
+    lr: float
+    loss_scale: float | None
+    skipped: bool
+    wall_s: float
+    """Host wall time of the step, from step start to the end of the optimizer phase."""
+    warmup: bool = False
+    """True for steps that include one-off work (compilation)."""
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    """Optimizer steps completed in this process (resumed steps not counted)."""
+    final_step: int
+    losses: list[float] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+
+class TrainerHook:
+    """Pass-through base: instruments override what they need."""
+
+    def on_train_start(self, trainer: Trainer) -> None: ...
+    def on_step_start(self, step: int) -> None: ...
+    def on_phase_start(self, step: int, phase: str) -> None: ...
+    def on_phase_end(self, step: int, phase: str) -> None: ...
+    def on_step_end(self, record: StepRecord) -> None: ...
+    def on_event(self, event: dict[str, Any]) -> None: ...
+    def on_train_end(self, result: TrainResult | None, error: BaseException | None) -> None: ...
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def dist_env() -> tuple[int, int]:
+    """(rank, world size) from torchrun's environment; (0, 1) when not launched by it."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def setup_context(train: TrainConfig, data: DataConfig, *,
+                  memory_budget_bytes: int | None = None) -> SetupContext:
+    """The context switches are checked and applied in (also used for config-time checks)."""
+    rank, world = dist_env()
+    return SetupContext(device=resolve_device(train.device), world_size=world, rank=rank,
+                        total_steps=train.steps, lr=train.lr, batch_size=train.batch_size,
+                        objective=data.objective, memory_budget_bytes=memory_budget_bytes)
+
+
+class Trainer:
+    """Builds model, setup and loader from config, then `fit()` runs the loop."""
+
+    def __init__(self, *, model_cfg: GLMConfig, data_cfg: DataConfig, train_cfg: TrainConfig,
+                 switches: SwitchesConfig | None = None, hooks: Sequence[TrainerHook] = (),
+                 run_dir: Path | None = None, memory_budget_bytes: int | None = None) -> None:
+        self.model_cfg, self.data_cfg, self.train_cfg = model_cfg, data_cfg, train_cfg
+        self.switches = switches or SwitchesConfig()
+        self.hooks = list(hooks)
+        self.run_dir = run_dir
+        self.ctx = setup_context(train_cfg, data_cfg, memory_budget_bytes=memory_budget_bytes)
+        self.device = self.ctx.device
+        torch.manual_seed(train_cfg.seed)
+        self.model = GLMForCausalLM(model_cfg).to(self.device)
+        self.setup: TrainSetup = apply_all(self.model, self.switches, self.ctx)
+        self.params = [p for p in self.setup.raw_model.parameters() if p.requires_grad]
+        self.start_step = 0
+        ck = self.switches.checkpoint
+        self.checkpoint_dir = Path(ck.dir) if ck.dir else (run_dir / "checkpoints" if run_dir else None)
+        if ck.resume:
+            self._resume()
+        self.loader = build_loader(
+            data_cfg, batch_size=self._batch_size(), seed=train_cfg.seed, start_step=self.start_step,
+            accumulation_steps=self.setup.accumulation_steps, rank=self.ctx.rank,
+            world_size=self.ctx.world_size, loader_options=self.setup.loader_options)
+        self.flops_per_token = self.setup.raw_model.flops_per_token(data_cfg.seq_len)
+
+    # -- hooks ------------------------------------------------------------------------------
+    def _call(self, name: str, *args: Any) -> None:
+        for hook in self.hooks:
+            getattr(hook, name)(*args)
+
+    @contextlib.contextmanager
+    def phase(self, step: int, name: str) -> Iterator[None]:
+        self._call("on_phase_start", step, name)
+        try:
+            yield
+        finally:
+            self._call("on_phase_end", step, name)
+
+    def emit(self, event: dict[str, Any]) -> None:
+        log.info("event %s", event)
+        self._call("on_event", event)
+
+    # -- state ------------------------------------------------------------------------------
+    def _batch_size(self) -> int:
+        ctl = self.setup.batch_controller
+        return ctl.batch_size if ctl is not None else self.train_cfg.batch_size
+
+    def state_dict(self, step: int) -> dict[str, Any]:
+        s = self.setup
+        return {
+            "step": step, "model": s.raw_model.state_dict(), "optimizer": s.optimizer.state_dict(),
+            "scheduler": s.scheduler.state_dict() if s.scheduler is not None else None,
+            "scaler": s.scaler.state_dict() if s.scaler is not None else None,
+            "batch_size": self._batch_size(), "torch_rng": torch.get_rng_state(),
+        }
+
+    def _resume(self) -> None:
+        if self.checkpoint_dir is None:
+            raise ValueError("switches.checkpoint.resume needs switches.checkpoint.dir or a run directory")
+        found = load_latest(self.checkpoint_dir, map_location=self.device)
+        if found is None:
+            log.warning("resume: no readable checkpoint in %s; starting from step 0", self.checkpoint_dir)
+            return
+        step, state, path = found
+        s = self.setup
+        s.raw_model.load_state_dict(state["model"])
+        s.optimizer.load_state_dict(state["optimizer"])
+        if s.scheduler is not None and state["scheduler"] is not None:
+            s.scheduler.load_state_dict(state["scheduler"])
+        if s.scaler is not None and state["scaler"] is not None:
+            s.scaler.load_state_dict(state["scaler"])
+        if s.batch_controller is not None:
+            s.batch_controller.batch_size = int(state["batch_size"])
+        torch.set_rng_state(state["torch_rng"])
+        self.start_step = step
+        log.info("resumed from %s at step %d", path, step)
+
+    def save(self, step: int, *, debug_batch: dict[str, torch.Tensor] | None = None) -> Path:
+        """Checkpoint after `step` optimizer steps (on rank 0 only); a debug save also keeps the batch."""
+        assert self.checkpoint_dir is not None
+        state = self.state_dict(step)
+        if debug_batch is not None:
+            state["batch"] = {k: v.detach().cpu() for k, v in debug_batch.items()}
+            path = self.checkpoint_dir / f"debug-step{step:08d}.pt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(state, path)
+            return path
+        return save_checkpoint(self.checkpoint_dir, step, state, keep=self.switches.checkpoint.keep)
+
+    # -- the loop ---------------------------------------------------------------------------
+    def fit(self) -> TrainResult:
+        result = TrainResult(steps=0, final_step=self.start_step)
+        t0 = time.perf_counter()
+        self._call("on_train_start", self)
+        try:
+            batches = iter(self.loader)
+            for step in range(self.start_step, self.train_cfg.steps):
+                record = self.train_step(step, batches)
+                result.steps += 1
+                result.final_step = step + 1
+                self._after_step(record)
+            result.elapsed_s = time.perf_counter() - t0
+        except BaseException as exc:
+            self._call("on_train_end", None, exc)
+            raise
+        self._call("on_train_end", result, None)
+        return result
+
+    def _forward_backward(self, step: int, batch: dict[str, torch.Tensor], last: bool) -> torch.Tensor:
+        s = self.setup
+        with s.micro_batch(last=last):
+            with self.phase(step, "forward"), torch.autocast(
+                    self.device.type, dtype=s.autocast_dtype, enabled=s.autocast_dtype is not None):
+                loss = s.model(**batch).loss / s.accumulation_steps
+            with self.phase(step, "backward"):
+                (s.scaler.scale(loss) if s.scaler is not None else loss).backward()
+        return loss.detach() * s.accumulation_steps
+
+    def train_step(self, step: int, batches: Iterator[dict[str, torch.Tensor]]) -> StepRecord:
+        s = self.setup
+        t0 = time.perf_counter()
+        self._call("on_step_start", step)
+        s.optimizer.zero_grad(set_to_none=True)
+        losses, tokens, batch = [], 0, {}
+        non_blocking = bool(s.loader_options.get("pin_memory"))
+        for micro in range(s.accumulation_steps):
+            with self.phase(step, "data"):
+                batch = next(batches)
+            with self.phase(step, "h2d"):
+                batch = {k: v.to(self.device, non_blocking=non_blocking) for k, v in batch.items()}
+            tokens += batch["input_ids"].numel()
+            losses.append(self._forward_backward(step, batch, last=micro == s.accumulation_steps - 1))
+        with self.phase(step, "optimizer"):
+            loss = torch.stack(losses).mean()
+            if s.scaler is not None:
+                s.scaler.unscale_(s.optimizer)
+            if s.clip_grad_norm > 0:
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, s.clip_grad_norm)
+            else:
+                grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+            skipped = self._guard(step, loss, grad_norm, batch)
+            scale = None
+            if s.scaler is not None:
+                before = s.scaler.get_scale()
+                s.scaler.step(s.optimizer)  # skips the update by itself when grads hold inf/NaN
+                s.scaler.update()
+                scale = s.scaler.get_scale()
+                skipped = skipped or scale < before
+            elif not skipped:
+                s.optimizer.step()
+            if not skipped:
+                for hook in s.post_step_hooks:
+                    hook()
+            lr = s.optimizer.param_groups[0]["lr"]
+            s.step_scheduler(float(loss) if s.scheduler_wants_loss else None)
+        return StepRecord(step=step, batch_size=batch["input_ids"].shape[0], micro_batches=s.accumulation_steps,
+                          tokens=tokens, loss=loss, grad_norm=grad_norm.detach(), lr=lr, loss_scale=scale,
+                          skipped=skipped, wall_s=time.perf_counter() - t0,
+                          warmup=s.compiled and step == self.start_step)
+
+    def _guard(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor,
+               batch: dict[str, torch.Tensor]) -> bool:
+        """The NaN/Inf guard: True when the step must be skipped; raises under the `stop` policy."""
+        s = self.setup
+        if s.nan_guard == "off":
+            return False
+        # With a GradScaler, inf gradients are the scaler's business; only the loss is checked.
+        bad = not math.isfinite(float(loss)) or (s.scaler is None and not math.isfinite(float(grad_norm)))
+        if not bad:
+            return False
+        event = {"kind": "non_finite", "step": step, "loss": float(loss), "grad_norm": float(grad_norm),
+                 "action": s.nan_guard}
+        if s.nan_guard == "stop" and self.checkpoint_dir is not None and self.ctx.rank == 0:
+            event["debug_checkpoint"] = str(self.save(step, debug_batch=batch))
+        self.emit(event)
+        if s.nan_guard == "stop":
+            raise NonFiniteLossError(f"non-finite loss/gradients at step {step}: {event}")
+        s.optimizer.zero_grad(set_to_none=True)
+        return True
+
+    def _after_step(self, record: StepRecord) -> None:
+        s = self.setup
+        if s.monitors:
+            loss, norm = float(record.loss), float(record.grad_norm)
+            for monitor in s.monitors:
+                for event in monitor.observe(record.step, loss, norm):
+                    self.emit(event)
+        every = self.switches.checkpoint.every
+        if every and (record.step + 1) % every == 0 and self.checkpoint_dir is not None:
+            with self.phase(record.step, "checkpoint"):
+                if self.ctx.rank == 0:
+                    path = self.save(record.step + 1)
+                    self.emit({"kind": "checkpoint", "step": record.step + 1, "path": str(path)})
+        if s.batch_controller is not None:
+            before = s.batch_controller.batch_size
+            after = s.batch_controller.observe(record.wall_s, None)
+            if after != before:
+                self.loader.sampler.batch_size = after
+                self.emit({"kind": "batch_size", "step": record.step, "from": before, "to": after})
+        self._call("on_step_end", record)
