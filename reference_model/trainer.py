@@ -14,7 +14,7 @@ import math
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,6 @@ class TrainResult:
     steps: int
     """Optimizer steps completed in this process (resumed steps not counted)."""
     final_step: int
-    losses: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
 
 
