@@ -34,6 +34,8 @@ class SetupContext:
     lr: float = 3e-4
     batch_size: int = 8
     """Micro-batch size in samples, the one the loader starts with."""
+    seq_len: int = 64
+    """Tokens per sample (memory-fitting switches build trial batches of this shape)."""
     objective: str = "causal"
     memory_budget_bytes: int | None = None
     """The capacity memory-fitting switches aim under (None: the device's or machine's)."""

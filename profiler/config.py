@@ -207,6 +207,7 @@ def validate(cfg: RunConfig, *, nproc: int = 1) -> None:
     if device.type == "cuda" and not __import__("torch").cuda.is_available():
         raise ConfigError("train.device", f"got {cfg.train.device!r} but CUDA is not available; allowed: cpu, auto")
     ctx = SetupContext(device=device, world_size=nproc, total_steps=cfg.train.steps, lr=cfg.train.lr,
-                       batch_size=cfg.train.batch_size, objective=cfg.data.objective,
+                       batch_size=cfg.train.batch_size, seq_len=cfg.data.seq_len,
+                       objective=cfg.data.objective,
                        memory_budget_bytes=cfg.memory_budget_bytes)
     check_all(cfg.switches, ctx)

@@ -15,7 +15,6 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any

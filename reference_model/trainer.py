@@ -95,7 +95,8 @@ def setup_context(train: TrainConfig, data: DataConfig, *,
     rank, world = dist_env()
     return SetupContext(device=resolve_device(train.device), world_size=world, rank=rank,
                         total_steps=train.steps, lr=train.lr, batch_size=train.batch_size,
-                        objective=data.objective, memory_budget_bytes=memory_budget_bytes)
+                        seq_len=data.seq_len, objective=data.objective,
+                        memory_budget_bytes=memory_budget_bytes)
 
 
 class Trainer:
@@ -293,7 +294,7 @@ class Trainer:
                 if self.ctx.rank == 0:
                     path = self.save(record.step + 1)
                     self.emit({"kind": "checkpoint", "step": record.step + 1, "path": str(path)})
-        if s.batch_controller is not None:
+        if s.batch_controller is not None and not record.warmup:  # compile time is not step time
             before = s.batch_controller.batch_size
             after = s.batch_controller.observe(record.wall_s, None)
             if after != before:

@@ -1,0 +1,188 @@
+"""The machine a run measures on: its environment record (run.json) and the peak FLOP/s MFU divides by.
+
+MFU = achieved model FLOP/s / peak FLOP/s (PaLM appendix B). The peak is the device's dense
+(no 2:4 sparsity) tensor throughput for the run's matmul dtype: from a table of datasheet figures
+for known NVIDIA GPUs (the bf16 values torchtitan's tools/utils.py `get_peak_flops` uses, the
+rest from NVIDIA's datasheets), else measured. torchtitan falls back to the A100's figure for an
+unknown GPU; a wrong denominator makes MFU wrong silently, so we calibrate instead: the best
+rate of square matmuls in that dtype, measured once per (device, threads, torch, dtype) and cached
+in $GLMPERF_CACHE/peak_flops.json (default ~/.cache/glmperf/). On CPU there is no honest table
+(the same model name covers many SKUs, and the rate depends on the threads torch uses), so CPUs
+are always calibrated. Measured on the 2-core AMD EPYC CI machine: ~186 GFLOP/s fp32, ~730 bf16.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+from profiler.instruments.nvml import nvml_status
+
+# (pattern on the CUDA device name, dense FLOP/s by matmul kind, source). First match wins, so
+# specific names (H100 NVL / PCIe) come before general ones. No "bf16" where the GPU has no bf16
+# tensor cores (V100): that dtype is calibrated.
+GPU_PEAKS: tuple[tuple[str, dict[str, float], str], ...] = (
+    (r"H100.*NVL", {"bf16": 835e12, "fp16": 835e12, "tf32": 417.5e12, "fp32": 60e12},
+     "NVIDIA H100 NVL datasheet (bf16 as torchtitan get_peak_flops)"),
+    (r"H100.*PCIe", {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51e12},
+     "NVIDIA H100 PCIe datasheet (bf16 as torchtitan get_peak_flops)"),
+    (r"H200.*NVL", {"bf16": 835e12, "fp16": 835e12, "tf32": 417.5e12, "fp32": 60e12},
+     "NVIDIA H200 NVL datasheet"),
+    (r"H100|H200|GH200", {"bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12, "fp32": 67e12},
+     "NVIDIA H100/H200 SXM datasheet (bf16 as torchtitan get_peak_flops)"),
+    (r"A100", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+     "NVIDIA A100 datasheet (bf16 as torchtitan get_peak_flops)"),
+    (r"B200", {"bf16": 2.25e15, "fp16": 2.25e15},
+     "NVIDIA Blackwell datasheet (as torchtitan get_peak_flops)"),
+    (r"V100S", {"fp16": 130e12, "fp32": 16.4e12}, "NVIDIA V100S datasheet"),
+    (r"V100.*PCIE", {"fp16": 112e12, "fp32": 14e12}, "NVIDIA V100 PCIe datasheet"),
+    (r"V100", {"fp16": 125e12, "fp32": 15.7e12}, "NVIDIA V100 SXM2 datasheet"),
+    (r"L40S", {"bf16": 362e12, "fp16": 362e12, "tf32": 183e12, "fp32": 91.6e12},
+     "NVIDIA L40S datasheet (bf16 as torchtitan get_peak_flops)"),
+    (r"\bL4\b", {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "fp32": 30.3e12}, "NVIDIA L4 datasheet"),
+    (r"\bA10\b", {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12}, "NVIDIA A10 datasheet"),
+    (r"RTX 4090", {"bf16": 165.2e12, "fp16": 165.2e12, "tf32": 82.6e12, "fp32": 82.6e12},
+     "NVIDIA Ada whitepaper, RTX 4090 (fp32 accumulate)"),
+)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux, else what platform knows)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: torch.device | str) -> str:
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+
+
+def environment(device: torch.device | str) -> dict[str, Any]:
+    """What run.json records about the machine: versions, device, CPU, memory, ranks, NVML."""
+    device = torch.device(device)
+    nvml_ok, nvml_why = nvml_status(device)
+    env: dict[str, Any] = {
+        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "platform": platform.platform(), "hostname": socket.gethostname(),
+        "device": str(device), "device_name": device_name(device), "cpu_model": cpu_model(),
+        "cpu_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_total_bytes": psutil.virtual_memory().total,
+        "world_size": int(os.environ.get("WORLD_SIZE", 1)), "rank": int(os.environ.get("RANK", 0)),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "nvml": {"available": nvml_ok, "reason": nvml_why},
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(device_memory_bytes=props.total_memory, cuda_capability=f"{props.major}.{props.minor}",
+                   cuda_device_count=torch.cuda.device_count())
+    return env
+
+
+def _matmul_kind(dtype: torch.dtype) -> str:
+    if dtype == torch.float32:  # TF32 tensor cores serve fp32 matmuls unless precision is "highest"
+        return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def table_peak(name: str, dtype: torch.dtype) -> tuple[float, str] | None:
+    """The datasheet peak of a known GPU for `dtype`'s matmuls, or None."""
+    kind = _matmul_kind(dtype)
+    for pattern, peaks, source in GPU_PEAKS:
+        if re.search(pattern, name, re.IGNORECASE):
+            return (peaks[kind], f"table: {source}, dense {kind}") if kind in peaks else None
+    return None
+
+
+def _cache_file() -> Path:
+    return Path(os.environ.get("GLMPERF_CACHE") or "~/.cache/glmperf").expanduser() / "peak_flops.json"
+
+
+def peak_flops(device: torch.device | str, dtype: torch.dtype, *, budget_s: float = 0.5) -> tuple[float, str]:
+    """Peak dense matmul FLOP/s of `device` in `dtype`, and where the figure comes from (for run.json).
+
+    A calibration taken while other processes kept the CPU busy (a shared CI runner) is cached
+    as provisional: later calls measure again and keep the best, until one is taken undisturbed.
+    """
+    device = torch.device(device)
+    name = device_name(device)
+    if device.type == "cuda" and (found := table_peak(name, dtype)):
+        return found
+    threads = torch.get_num_threads() if device.type == "cpu" else 0
+    key = f"{device.type}|{name}|threads={threads}|torch={torch.__version__}|{_matmul_kind(dtype)}"
+    path = _cache_file()
+    try:
+        cache = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cache = {}
+    old = cache.get(key)
+    if old and not old.get("contended"):
+        return float(old["flops"]), f"{old['source']} (cached {old['measured']})"
+    new = calibrate(device, dtype, budget_s=budget_s)
+    if old and old["flops"] > new["flops"]:
+        new = {**old, "contended": new["contended"] and old["contended"]}
+    cache[key] = {**new, "measured": time.strftime("%Y-%m-%d")}
+    try:  # atomic: concurrent ranks may calibrate at once; the last complete write wins
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache only costs a recalibration next time
+    return float(new["flops"]), new["source"]
+
+
+CONTENDED_CORES = 0.5
+"""Other processes' CPU use (in cores) during a CPU calibration above which it counts as disturbed."""
+
+
+def calibrate(device: torch.device, dtype: torch.dtype, *, budget_s: float = 0.5, rounds: int = 5
+              ) -> dict[str, Any]:
+    """Best rate of square matmuls over `rounds` timed rounds sharing ~`budget_s` seconds.
+
+    Returns {"flops", "source", "contended"}; on CPU, `contended` says whether other processes
+    used more than CONTENDED_CORES cores meanwhile (the figure is then likely low).
+    """
+    n = 1024 if device.type == "cpu" else 8192
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    me = psutil.Process()
+    psutil.cpu_percent(None)
+    me.cpu_percent(None)
+    torch.mm(a, b, out=out)  # warm up (kernel selection, thread pool)
+    sync()
+    t0 = time.perf_counter()
+    torch.mm(a, b, out=out)
+    sync()
+    reps = max(1, int(budget_s / rounds / max(time.perf_counter() - t0, 1e-6)))
+    best = 0.0
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, b, out=out)
+        sync()
+        best = max(best, reps * 2 * n**3 / (time.perf_counter() - t0))
+    others = max(0.0, (psutil.cpu_percent(None) * (os.cpu_count() or 1) - me.cpu_percent(None)) / 100.0)
+    contended = device.type == "cpu" and others > CONTENDED_CORES
+    source = f"calibrated: best of {rounds}x{reps} {n}x{n} {_matmul_kind(dtype)} matmuls"
+    if device.type == "cpu":
+        source += f", {torch.get_num_threads()} threads"
+    if contended:
+        source += f"; other processes used {others:.1f} cores meanwhile, so it may be low"
+    return {"flops": best, "source": source, "contended": contended}
