@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -80,7 +80,8 @@ def _instruments(cfg: RunConfig, writer: store.RunWriter, *, rank: int) -> tuple
     return hooks, sampling
 
 
-def run_rank(run_dir: Path, cfg: RunConfig, *, rank: int, progress: bool) -> None:
+def run_rank(run_dir: Path, cfg: RunConfig, *, rank: int, progress: bool,
+             extra_hooks: Sequence[TrainerHook] = ()) -> None:
     """Train this rank with its instruments; record the rank's outcome in parts/status-r<rank>.json."""
     writer = store.RunWriter(run_dir, rank=rank, flush_interval_s=cfg.profile.flush_interval_s)
     hooks: list[TrainerHook] = []
@@ -91,6 +92,7 @@ def run_rank(run_dir: Path, cfg: RunConfig, *, rank: int, progress: bool) -> Non
                 hooks, fields["sampling"] = _instruments(cfg, writer, rank=rank)
             if progress and rank == 0:
                 hooks.append(Progress(total_steps=cfg.train.steps, every=cfg.train.log_every))
+            hooks.extend(extra_hooks)
             trainer = Trainer(model_cfg=cfg.model, data_cfg=cfg.data, train_cfg=cfg.train,
                               switches=cfg.switches, hooks=hooks, run_dir=run_dir,
                               memory_budget_bytes=cfg.memory_budget_bytes)
@@ -151,16 +153,21 @@ def finalize(run_dir: Path, cfg: RunConfig, *, world_size: int, launcher_error: 
         sampling=rank0.get("sampling"))
 
 
-def profile_run(cfg: RunConfig, *, runs_dir: Path | None = None, nproc: int = 1, progress: bool = True
-                ) -> Path:
-    """Run and measure `cfg`; returns the run directory (its run.json says how it ended)."""
+def profile_run(cfg: RunConfig, *, runs_dir: Path | None = None, nproc: int = 1, progress: bool = True,
+                hooks: Sequence[TrainerHook] = ()) -> Path:
+    """Run and measure `cfg`; returns the run directory (its run.json says how it ended).
+
+    `hooks` are extra trainer hooks for a single-process run (your own callbacks).
+    """
+    if hooks and nproc > 1:
+        raise ValueError("extra hooks run in-process; with nproc > 1 the ranks are separate processes")
     device = resolve_device(cfg.train.device)
     record = {"config": cfg.to_dict(), "world_size": nproc, "environment": environment(device)}
     run_dir = store.create_run(store.default_runs_dir(runs_dir), cfg.name, record)
     launcher_error = None
     try:
         if nproc == 1:
-            run_rank(run_dir, cfg, rank=0, progress=progress)
+            run_rank(run_dir, cfg, rank=0, progress=progress, extra_hooks=hooks)
         else:
             launcher_error = _launch_ranks(run_dir, nproc, progress=progress)
     except BaseException:  # noqa: S110 - the rank recorded `failed`/`interrupted` and the error

@@ -24,7 +24,7 @@ import pandas as pd
 SCHEMA_VERSION = 1
 TABLES = ("steps", "samples", "ops")
 STALE_AFTER_S = 60.0
-"""A `running` run whose heartbeats are all older than this (and whose process is gone) is `incomplete`."""
+"""A `running` run from another host whose heartbeats are all older than this is `incomplete`."""
 
 
 def default_runs_dir(cli_value: str | Path | None = None) -> Path:
@@ -79,20 +79,15 @@ def update_run(run_dir: Path, **fields: Any) -> dict[str, Any]:
     return record
 
 
-def _pid_alive(pid: int | None, host: str | None) -> bool:
-    if not pid or host != os.uname().nodename:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _is_stale(run_dir: Path, record: dict[str, Any]) -> bool:
-    if _pid_alive(record.get("pid"), record.get("host")):
+    """Gone silent: on this host, the run's process is dead; elsewhere, its heartbeats are old."""
+    if record.get("host") == os.uname().nodename and record.get("pid"):
+        try:
+            os.kill(record["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
         return False
     beats = [p.stat().st_mtime for p in (run_dir / "parts").glob("heartbeat-r*")]
     last = max(beats, default=(run_dir / "run.json").stat().st_mtime)
