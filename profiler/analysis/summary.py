@@ -110,10 +110,14 @@ def _comm(steady: pd.DataFrame) -> dict[str, Any]:
 
 
 def _io(steady: pd.DataFrame, samples: pd.DataFrame | None) -> dict[str, Any]:
+    """Data wait share of the step, and what the process and its loader workers read (CPU sampler)."""
     io: dict[str, Any] = {"data_wait_share": float(steady["data_s"].sum() / steady["step_s"].sum())}
-    if samples is not None and not samples.empty and "io_read_bytes" in samples:
-        s = samples.dropna(subset=["io_read_bytes"]).sort_values("ts")
-        if len(s) >= 2 and s["ts"].iloc[-1] > s["ts"].iloc[0]:
-            read = float(s["io_read_bytes"].iloc[-1] - s["io_read_bytes"].iloc[0])
-            io.update(read_bytes=read, read_bytes_per_s=read / float(s["ts"].iloc[-1] - s["ts"].iloc[0]))
+    if samples is not None and not samples.empty and "io_read_bytes_per_s" in samples:
+        s = samples.dropna(subset=["io_read_bytes_per_s"]).sort_values("ts")
+        if len(s) >= 2:
+            dt = s["ts"].diff().fillna(0.0)
+            io.update(read_bytes=float((s["io_read_bytes_per_s"] * dt).sum()),
+                      read_bytes_per_s=float(s["io_read_bytes_per_s"].mean()),
+                      read_chars_per_s=float(s["io_read_chars_per_s"].mean()) if "io_read_chars_per_s" in s
+                      else math.nan)
     return {"io": io}
