@@ -1,0 +1,52 @@
+"""grad_accumulation: 4 micro-batches of 2 give the gradients of one batch of 8 (same samples)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from optimizers.config import SwitchesConfig, build_section
+from reference_model.config import DataConfig, TrainConfig, model_config
+from reference_model.trainer import StepRecord, Trainer, TrainerHook
+
+
+class GradsBeforeStep(TrainerHook):
+    """Copies every gradient when the optimizer phase starts (before unscale, clipping and the update)."""
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    def on_phase_start(self, step: int, phase: str) -> None:
+        if phase == "optimizer":
+            self.grads = {n: p.grad.clone() for n, p in self.trainer.model.named_parameters()}
+
+
+def make_trainer(tmp_path: Path, *, batch_size: int, accumulation: int) -> tuple[Trainer, GradsBeforeStep]:
+    hook = GradsBeforeStep()
+    trainer = Trainer(model_cfg=model_config("tiny"), data_cfg=DataConfig(corpus=["synthetic"], seq_len=32),
+                      train_cfg=TrainConfig(batch_size=batch_size, steps=1, device="cpu"),
+                      switches=build_section(SwitchesConfig, {"grad_accumulation": accumulation}, "switches"),
+                      hooks=[hook], run_dir=tmp_path)
+    hook.on_train_start(trainer)  # train_step is called directly below, without fit()
+    return trainer, hook
+
+
+def test_four_micro_batches_of_two_equal_one_batch_of_eight(tmp_path: Path) -> None:
+    big, big_hook = make_trainer(tmp_path / "big", batch_size=8, accumulation=1)
+    small, small_hook = make_trainer(tmp_path / "small", batch_size=2, accumulation=4)
+    assert small.setup.accumulation_steps == 4
+    for (name, a), b in zip(big.model.state_dict().items(), small.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name  # same seed, same initial weights
+
+    batch = next(iter(big.loader))  # 8 windows of 32 tokens
+    micro = [{k: v[i:i + 2] for k, v in batch.items()} for i in range(0, 8, 2)]
+    big_record: StepRecord = big.train_step(0, iter([batch]))
+    small_record: StepRecord = small.train_step(0, iter(micro))
+
+    for name, grad in big_hook.grads.items():
+        torch.testing.assert_close(small_hook.grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    assert (small_record.micro_batches, big_record.micro_batches) == (4, 1)
+    assert small_record.tokens == big_record.tokens == 8 * 32
+    torch.testing.assert_close(small_record.loss, big_record.loss)
+    torch.testing.assert_close(small_record.grad_norm, big_record.grad_norm)
