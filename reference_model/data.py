@@ -204,13 +204,18 @@ class StepBatchSampler(Sampler):
         self.rank, self.world_size = rank, world_size
 
     def items(self, step: int, micro: int, batch_size: int | None = None) -> list[tuple[int, int]]:
-        """This rank's items of (step, micro): a pure function of (seed, step, micro, batch size)."""
+        """This rank's items of (step, micro): a pure function of (seed, step, batch size).
+
+        The step's global batch (batch x ranks x micro-batches samples) is drawn at once and sliced
+        micro-batch-major, so 1 x 8, 4 micro-batches x 2 and 2 ranks x 4 all see the same samples:
+        comparing those runs measures the switch, not different data.
+        """
         bsz = self.batch_size if batch_size is None else batch_size
-        rng = np.random.default_rng([self.seed % 2**63, step, micro])
-        total = bsz * self.world_size
+        rng = np.random.default_rng([self.seed % 2**63, step])
+        total = bsz * self.world_size * self.accumulation_steps
         starts = rng.integers(0, self.num_starts, size=total)
         seeds = rng.integers(0, 2**63 - 1, size=total)
-        lo = self.rank * bsz
+        lo = (micro * self.world_size + self.rank) * bsz
         return [(int(a), int(b)) for a, b in zip(starts[lo:lo + bsz], seeds[lo:lo + bsz], strict=True)]
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:

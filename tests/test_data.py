@@ -208,3 +208,22 @@ def test_changing_batch_size_changes_later_batches(tmp_path: Path) -> None:
 def test_loader_options_that_build_loader_owns_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="batch_size"):
         build_loader(cfg_for(tmp_path), batch_size=2, seed=0, loader_options={"batch_size": 3})
+
+
+def test_accumulation_and_ranks_slice_the_same_global_batch() -> None:
+    from reference_model.data import StepBatchSampler
+
+    def global_batch(batch: int, accum: int, world: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for micro in range(accum):
+            for rank in range(world):
+                sampler = StepBatchSampler(num_starts=10_000, batch_size=batch, seed=3,
+                                           accumulation_steps=accum, rank=rank, world_size=world)
+                out += sampler.items(7, micro)
+        return out
+
+    one = global_batch(8, 1, 1)
+    assert len(set(one)) == 8
+    assert global_batch(2, 4, 1) == one
+    assert global_batch(4, 1, 2) == one
+    assert global_batch(2, 2, 2) == one
