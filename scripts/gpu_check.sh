@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The CUDA paths end to end, on any CUDA machine, in under 10 minutes: real NVML readings
+# (recorded into tests/data/nvml_replay/), CUDA-event step timing, the allocator snapshot,
+# the torch.profiler trace with kernels, and NCCL when the machine has two GPUs or more.
+# It prints what it measured; copy the figures into docs/BENCHMARKS.md.
+#   scripts/gpu_check.sh [OUT_DIR]     (uses .venv/bin/python if present, else $PYTHON or python3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+out=${1:-${OUT:-$(mktemp -d)}}
+mkdir -p "$out"
+"$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: nothing to check')"
+"$PY" scripts/gpu_check_nvml.py --out "$out"
+cp "$out"/recorded_*.json tests/data/nvml_replay/ 2>/dev/null || true
+"$PY" scripts/gpu_check.py --runs-dir "$out/runs"
