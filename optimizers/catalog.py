@@ -26,17 +26,16 @@ ORDER = (
     ("stability", "STABILITY"),  # clip / guard settings read by the trainer
     ("dynamic_batch", "OPTIMIZATION"),  # batch controller, after everything that changes memory
     ("dataloader", "OPTIMIZATION"),  # loader options
+    ("checkpointing", "OPTIMIZATION"),  # save/resume policy (the trainer does the saving)
 )
 
 REGISTRY = Registry()
 for _module, _attr in ORDER:
-    try:  # TODO(integration): strict imports once every switch module has landed
-        REGISTRY.register(getattr(importlib.import_module(f"optimizers.{_module}"), _attr))
-    except ModuleNotFoundError:
-        pass
+    REGISTRY.register(getattr(importlib.import_module(f"optimizers.{_module}"), _attr))
 
-ALWAYS = {"optimizer", "lr_schedule", "stability"}
-"""Applied even at their defaults: the baseline trains with them (AdamW, cosine, clip 1.0)."""
+ALWAYS = {"optimizer", "lr_schedule", "stability", "ddp"}
+"""Applied even at their defaults: the baseline trains with them (AdamW, cosine, clip 1.0), and
+DDP wraps the model whenever there are several ranks (it does nothing in a single process)."""
 
 
 def check_all(switches: SwitchesConfig, ctx: SetupContext) -> None:

@@ -79,9 +79,13 @@ class TrainerHook:
 
 
 def resolve_device(name: str) -> torch.device:
+    """auto -> cuda or cpu; under torchrun a bare `cuda` means this rank's GPU (LOCAL_RANK)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None and "LOCAL_RANK" in os.environ:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return device
 
 
 def dist_env() -> tuple[int, int]:
@@ -111,6 +115,8 @@ class Trainer:
         self.run_dir = run_dir
         self.ctx = setup_context(train_cfg, data_cfg, memory_budget_bytes=memory_budget_bytes)
         self.device = self.ctx.device
+        if self.device.type == "cuda" and self.device.index is not None:
+            torch.cuda.set_device(self.device)
         torch.manual_seed(train_cfg.seed)
         self.model = GLMForCausalLM(model_cfg).to(self.device)
         self.setup: TrainSetup = apply_all(self.model, self.switches, self.ctx)
