@@ -125,15 +125,17 @@ def finalize(run_dir: Path, cfg: RunConfig, *, world_size: int, launcher_error: 
     store.compact(run_dir)
     failed = [r for r in range(world_size) if statuses.get(r, {}).get("status") == "failed"]
     silent = [r for r in range(world_size) if r not in statuses]
-    if failed or (silent and launcher_error):
+    if silent and launcher_error:  # a rank killed outright is the root cause; others fail after it
         status = "failed"
-        names = failed or silent
-        first = statuses.get(names[0], {})
-        error = f"rank {names[0]} failed: {first.get('error') or launcher_error or 'no status (killed?)'}"
+        error = f"rank {silent[0]} failed: it died without reporting a status ({launcher_error})"
+        if failed:
+            error += f"; then rank {failed[0]} failed: {statuses[failed[0]].get('error')}"
+    elif failed:
+        status, error = "failed", f"rank {failed[0]} failed: {statuses[failed[0]].get('error')}"
     elif any(s.get("status") == "interrupted" for s in statuses.values()):
         status, error = "interrupted", next(s.get("error") for s in statuses.values() if s.get("error"))
     elif silent:
-        status, error = "failed", f"rank {silent[0]} ended without reporting a status"
+        status, error = "failed", f"rank {silent[0]} failed: it ended without reporting a status"
     else:
         status, error = "completed", None
     rank0 = statuses.get(0, {})

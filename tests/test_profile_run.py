@@ -134,3 +134,38 @@ def test_bad_input_fails_before_the_run_directory_exists(tmp_path: Path) -> None
     assert proc.returncode == 2
     assert "switches.amp.dtype" in err and "off, bf16, fp16" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_two_gloo_ranks_write_per_rank_rows_and_communication(tmp_path: Path) -> None:
+    proc = cli("--nproc", "2", "--steps", "6", *[f"--set={o}" for o in TINY], "--no-trace", runs_dir=tmp_path)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    (run,) = store.list_runs(tmp_path)
+    assert run["status"] == "completed" and run["world_size"] == 2
+    steps = store.read_table(Path(run["path"]), "steps")
+    assert sorted(steps["rank"].unique()) == [0, 1]
+    assert (steps.groupby("rank")["step"].apply(list) == [list(range(6))] * 2).all()
+    assert (steps["comm_bytes"] > 0).all() and (steps["comm_calls"] > 0).all()
+    s = run["summary"]
+    assert s["comm"]["bytes_per_step"] > 0 and 0 <= s["comm"]["overlap_share"] <= 1
+    assert s["straggler"]["slowest_rank"] in (0, 1)
+    # the merged step is as slow as its slowest rank and counts both ranks' tokens
+    counted = steps[steps["step"] >= 1].groupby("step").agg(step_s=("step_s", "max"), tokens=("tokens", "sum"))
+    assert s["tokens_per_s"] == pytest.approx(counted["tokens"].sum() / counted["step_s"].sum(), rel=1e-9)
+
+
+def test_a_rank_that_dies_fails_the_run_naming_it(tmp_path: Path) -> None:
+    import psutil
+
+    proc = cli("--nproc", "2", "--steps", "100000", *[f"--set={o}" for o in TINY], "--no-trace", runs_dir=tmp_path)
+    run_dir = _wait_for_steps(tmp_path, 4)
+    ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
+             if p.environ().get("RANK") == "1" and "profiler.run" in " ".join(p.cmdline())]
+    assert ranks, "rank 1's process not found"
+    ranks[0].kill()
+    proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    record = store.read_run(run_dir)
+    assert record["status"] == "failed"
+    assert record["error"].startswith("rank 1 failed")
+    assert len(store.read_table(run_dir, "steps")) >= 4

@@ -55,6 +55,7 @@ def summarize(steps: pd.DataFrame, *, warmup_steps: int, flops_per_token: float,
     total_time = float(by_step["step_s"].sum())
     tokens_per_s = float(by_step["tokens"].sum()) / total_time if total_time > 0 else math.nan
     mean_step = float(steady["step_s"].mean())
+    loss = steps.groupby("step")["loss"].mean()  # ranks see different samples: their mean
     share = {p: float(steady[f"{p}_s"].mean()) / mean_step if f"{p}_s" in steady and mean_step > 0 else 0.0
              for p in PHASES}
     summary: dict[str, Any] = {
@@ -70,8 +71,8 @@ def summarize(steps: pd.DataFrame, *, warmup_steps: int, flops_per_token: float,
         "peak_flops": peak_flops,
         "achieved_flops": tokens_per_s * flops_per_token,
         "mfu": tokens_per_s * flops_per_token / (peak_flops * world_size) if peak_flops else math.nan,
-        "loss_first": float(steps.sort_values("step")["loss"].iloc[0]),
-        "loss_last": float(steps.sort_values("step")["loss"].iloc[-1]),
+        "loss_first": float(loss.iloc[0]),
+        "loss_last": float(loss.iloc[-1]),
         "skipped_steps": int(steps["skipped"].sum()) if "skipped" in steps else 0,
     }
     summary.update(_memory(steps))
