@@ -104,6 +104,31 @@ def profile_run_main(argv: list[str] | None = None) -> int:
     return {"completed": 0, "interrupted": 130}.get(record["status"], 1)
 
 
+def _init_run(args: argparse.Namespace) -> int:
+    from profiler.run import create_run_dir
+
+    try:
+        cfg = load_config(config=args.config, preset=args.preset, overrides=args.overrides, nproc=args.nproc)
+    except ConfigError as exc:
+        print(f"glmperf: error: {exc}", file=sys.stderr)
+        return 2
+    print(create_run_dir(cfg, runs_dir=args.runs_dir, nproc=args.nproc, launcher=False))
+    return 0
+
+
+def _finalize(run_dir: Path) -> int:
+    from profiler.config import build_run_config
+    from profiler.run import finalize
+
+    if not (run_dir / "run.json").exists():
+        print(f"glmperf: error: {run_dir} is not a run directory (no run.json)", file=sys.stderr)
+        return 2
+    record = store.read_run(run_dir)
+    record = finalize(run_dir, build_run_config(record["config"]), world_size=int(record["world_size"]))
+    print_summary(record, run_dir)
+    return 0 if record["status"] == "completed" else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="glmperf", description="glmperf: stored runs")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -111,7 +136,20 @@ def main(argv: list[str] | None = None) -> int:
     runs.add_argument("--runs-dir", type=Path)
     show = sub.add_parser("show", help="a run's summary")
     show.add_argument("run", type=Path, help="run directory")
+    init = sub.add_parser("init-run", help="validate a config and create a run for ranks started elsewhere "
+                          "(torchrun on several nodes, Slurm); prints the run directory")
+    init.add_argument("--config", type=Path)
+    init.add_argument("--preset")
+    init.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    init.add_argument("--nproc", type=int, required=True, help="the world size the ranks will have")
+    init.add_argument("--runs-dir", type=Path)
+    fin = sub.add_parser("finalize", help="merge the ranks' files of a run started with init-run, write its summary")
+    fin.add_argument("run", type=Path, help="run directory")
     args = parser.parse_args(argv)
+    if args.command == "init-run":
+        return _init_run(args)
+    if args.command == "finalize":
+        return _finalize(args.run)
     if args.command == "runs":
         for r in store.list_runs(store.default_runs_dir(args.runs_dir)):
             tps = (r.get("summary") or {}).get("tokens_per_s")

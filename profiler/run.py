@@ -155,6 +155,17 @@ def finalize(run_dir: Path, cfg: RunConfig, *, world_size: int, launcher_error: 
         sampling=rank0.get("sampling"))
 
 
+def create_run_dir(cfg: RunConfig, *, runs_dir: Path | None, nproc: int, launcher: bool = True) -> Path:
+    """The run directory with run.json (`running`, the resolved config, this machine's environment).
+
+    `launcher=False` when ranks are started elsewhere (`glmperf init-run`): no process of ours
+    watches the run, so liveness is judged by the ranks' heartbeats alone.
+    """
+    record = {"config": cfg.to_dict(), "world_size": nproc,
+              "environment": environment(resolve_device(cfg.train.device)), **({} if launcher else {"pid": None})}
+    return store.create_run(store.default_runs_dir(runs_dir), cfg.name, record)
+
+
 def profile_run(cfg: RunConfig, *, runs_dir: Path | None = None, nproc: int = 1, progress: bool = True,
                 hooks: Sequence[TrainerHook] = ()) -> Path:
     """Run and measure `cfg`; returns the run directory (its run.json says how it ended).
@@ -163,9 +174,7 @@ def profile_run(cfg: RunConfig, *, runs_dir: Path | None = None, nproc: int = 1,
     """
     if hooks and nproc > 1:
         raise ValueError("extra hooks run in-process; with nproc > 1 the ranks are separate processes")
-    device = resolve_device(cfg.train.device)
-    record = {"config": cfg.to_dict(), "world_size": nproc, "environment": environment(device)}
-    run_dir = store.create_run(store.default_runs_dir(runs_dir), cfg.name, record)
+    run_dir = create_run_dir(cfg, runs_dir=runs_dir, nproc=nproc)
     launcher_error = None
     try:
         if nproc == 1:

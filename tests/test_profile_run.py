@@ -169,3 +169,25 @@ def test_a_rank_that_dies_fails_the_run_naming_it(tmp_path: Path) -> None:
     assert record["status"] == "failed"
     assert record["error"].startswith("rank 1 failed")
     assert len(store.read_table(run_dir, "steps")) >= 4
+
+
+def glmperf(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "import sys; from profiler.cli import main; sys.exit(main())",
+                           *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_init_run_then_ranks_then_finalize_as_on_several_nodes(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    init = glmperf("init-run", "--preset", "tiny", "--nproc", "2", "--runs-dir", str(tmp_path),
+                   *[f"--set={o}" for o in TINY], "--set=train.steps=4", "--set=profile.trace=false", env=env)
+    assert init.returncode == 0, init.stderr
+    run_dir = Path(init.stdout.strip())
+    assert store.read_run(run_dir)["status"] == "running"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                    "-m", "profiler.run", "--run-dir", str(run_dir), "--no-progress"],
+                   cwd=ROOT, check=True, capture_output=True, env=env, timeout=240)
+    assert len(store.read_table(run_dir, "steps")) == 8  # readable from the parts before finalize
+    done = glmperf("finalize", str(run_dir), env=env)
+    assert done.returncode == 0, done.stderr
+    record = store.read_run(run_dir)
+    assert record["status"] == "completed" and record["summary"]["comm"]["bytes_per_step"] > 0

@@ -1,0 +1,125 @@
+"""What measuring costs: default instruments vs none, the torch.profiler window, and profile-run end to end.
+
+    python -m benchmarks.overhead [--quick]
+
+1. Default instruments (step timer + 10 Hz sampler, trace window off) against the same run with
+   instruments off (`profile.instruments=false`), on `tiny` and `small`, in interleaved pairs of
+   runs; the figure is the median per-pair ratio of median loop-iteration times (time between
+   consecutive step starts, so every hook's work is inside it).
+2. The trace window (3 of N steps profiled) and plain torch.profiler on every step (the window
+   covering all steps), against instruments off; the window's export and operator aggregation
+   happen after training and are reported as their own figure (`trace_processing_s`).
+3. `profile-run --preset tiny --steps 50` as a user runs it: wall time, split into start-up
+   (imports, config, model build, until the first step starts), training and finalize.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import fmt, header, median, paired_ratio, table, write_result
+from profiler import store
+from profiler.config import load_config
+from profiler.run import profile_run
+from reference_model.trainer import TrainerHook
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class IterationClock(TrainerHook):
+    """Loop-iteration times: from one step's start to the next's, every hook's work included."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+
+    def on_step_start(self, step: int) -> None:
+        self.starts.append(time.perf_counter())
+
+    def steady(self, skip: int) -> list[float]:
+        return [b - a for a, b in zip(self.starts[skip:], self.starts[skip + 1:], strict=False)]
+
+
+def one_run(runs_dir: Path, preset: str, steps: int, overrides: list[str]) -> tuple[float, dict]:
+    cfg = load_config(preset=preset, overrides=[f"train.steps={steps}", "data.corpus=synthetic",
+                                                "switches.stability.nan_guard=off", *overrides])
+    clock = IterationClock()
+    run_dir = profile_run(cfg, runs_dir=runs_dir, progress=False, hooks=[clock])
+    record = store.read_run(run_dir)
+    assert record["status"] == "completed", record.get("error")
+    return median(clock.steady(skip=3)), record
+
+
+VARIANTS = {
+    "off": ["profile.instruments=false"],
+    "default": ["profile.trace=false"],
+    "window": ["profile.trace=true", "profile.trace_window=[3, 1, 3]", "profile.sample_hz=10"],
+}
+
+
+def overhead(preset: str, steps: int, pairs: int, runs_dir: Path) -> list[list[object]]:
+    every = ["profile.trace=true", f"profile.trace_window=[0, 0, {steps}]"]
+    variants = {**VARIANTS, "every step": every}
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    processing: dict[str, list[float]] = {v: [] for v in variants}
+    for pair in range(pairs):
+        order = list(variants)[pair % len(variants):] + list(variants)[:pair % len(variants)]
+        for name in order:
+            t, record = one_run(runs_dir, preset, steps, variants[name])
+            times[name].append(t)
+            window = record["ranks"][0].get("instruments", {}).get("TraceWindow", {})
+            if "trace_processing_s" in window:
+                processing[name].append(window["trace_processing_s"])
+        print(f"  {preset} pair {pair + 1}/{pairs}: " + ", ".join(f"{n} {times[n][-1] * 1e3:.1f} ms"
+                                                             for n in variants), file=sys.stderr)
+    rows = []
+    for name in ("default", "window", "every step"):
+        ratio, lo, hi = paired_ratio(times[name], times["off"])
+        rows.append([preset, name, fmt(median(times["off"]) * 1e3, ".1f"), fmt(median(times[name]) * 1e3, ".1f"),
+                     f"{(ratio - 1) * 100:+.2f}% [{(lo - 1) * 100:+.2f}, {(hi - 1) * 100:+.2f}]",
+                     fmt(median(processing[name]), ".2f") if processing[name] else "-"])
+    return rows
+
+
+def end_to_end(runs_dir: Path, steps: int) -> list[list[object]]:
+    t0 = time.time()
+    proc = subprocess.run([str(Path(sys.executable).parent / "profile-run"), "--preset", "tiny", "--steps",
+                           str(steps), "--runs-dir", str(runs_dir), "--no-progress"], cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    wall = time.time() - t0
+    run_dir = Path(next(line.split()[-1] for line in proc.stdout.splitlines() if line.startswith("run:")))
+    steps_df = store.read_table(run_dir, "steps")
+    first_start = float(steps_df["ts_end"].iloc[0] - steps_df["host_s"].iloc[0])
+    last_end = float(steps_df["ts_end"].iloc[-1])
+    return [[f"profile-run --preset tiny --steps {steps}", fmt(wall, ".1f"), fmt(first_start - t0, ".1f"),
+             fmt(last_end - first_start, ".1f"), fmt(t0 + wall - last_end, ".1f")]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="2 pairs of short runs (noisy; for checking)")
+    args = parser.parse_args()
+    pairs, steps = (2, 12) if args.quick else (5, 30)
+    out = [header("Measurement overhead" + (" (quick, noisy)" if args.quick else ""))]
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = []
+        for preset in ("tiny", "small"):
+            rows += overhead(preset, steps if preset == "tiny" else steps // 2, pairs, Path(tmp) / preset)
+        out.append(f"\n{pairs} interleaved rounds of {steps} steps (small: {steps // 2}); figure = median of the "
+                   "per-round ratio of median loop-iteration times, [quartiles]. `off`: "
+                   "profile.instruments=false. `default`: step timer + 10 Hz sampler, no trace. `window`: + "
+                   "torch.profiler on 3 steps (wait 3, warmup 1). `every step`: torch.profiler active on every "
+                   "step. Trace processing (export + operator table, after training) is its own column.\n\n")
+        out.append(table(["preset", "instruments", "off (ms/step)", "on (ms/step)", "overhead vs off",
+                          "trace processing (s)"], rows))
+        out.append("\n" + table(["command", "wall (s)", "start-up (s)", "training (s)", "finalize (s)"],
+                                end_to_end(Path(tmp) / "e2e", 50)))
+    write_result("overhead", "".join(out))
+
+
+if __name__ == "__main__":
+    main()
