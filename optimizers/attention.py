@@ -92,8 +92,10 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, sc
     S = q.new_zeros(B, KV, 1, hd, hd, dtype=torch.float32)  # sum of phi(K_j) V_j^T before the chunk
     Z = q.new_zeros(B, KV, 1, 1, hd, dtype=torch.float32)  # sum of phi(K_j) before the chunk
     outs = []
-    for start in range(0, T, chunk_size):
-        qc, kc, vc = (t[..., start:start + chunk_size, :] for t in (qf, kf, vf))  # (.., C, hd)
+    # split(), not slicing in a loop: the backward of a slice writes a full-length gradient per
+    # chunk, which made backward quadratic in T; split's backward concatenates once.
+    chunks = zip(qf.split(chunk_size, -2), kf.split(chunk_size, -2), vf.split(chunk_size, -2), strict=True)
+    for qc, kc, vc in chunks:  # (.., C, hd)
         C = qc.shape[-2]
         causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
         scores = (qc @ kc.transpose(-2, -1)).masked_fill(~causal, 0.0)  # (B, KV, G, C, C)

@@ -204,16 +204,24 @@ class Trainer:
         try:
             batches = iter(self.loader)
             for step in range(self.start_step, self.train_cfg.steps):
-                record = self.train_step(step, batches)
+                self.run_step(step, batches)
                 result.steps += 1
                 result.final_step = step + 1
-                self._after_step(record)
             result.elapsed_s = time.perf_counter() - t0
         except BaseException as exc:
             self._call("on_train_end", None, exc)
             raise
         self._call("on_train_end", result, None)
         return result
+
+    def run_step(self, step: int, batches: Iterator[dict[str, torch.Tensor]]) -> StepRecord:
+        """One optimizer step and what follows it (events, checkpoint, batch size, hooks).
+
+        `fit` is this in a loop; benchmarks drive several trainers one step each in turn with it.
+        """
+        record = self.train_step(step, batches)
+        self._after_step(record)
+        return record
 
     def _forward_backward(self, step: int, batch: dict[str, torch.Tensor], last: bool) -> torch.Tensor:
         s = self.setup
