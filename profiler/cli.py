@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+
+# Before torch loads: kineto logs every profiler start/stop (USDT, STAGE lines) into the progress
+# output; 6 silences its info levels, a user's own KINETO_LOG_LEVEL wins.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 from pathlib import Path
 from typing import Any
 

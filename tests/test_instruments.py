@@ -18,7 +18,7 @@ import torch
 from profiler import device as devmod
 from profiler import store
 from profiler.instruments import CpuBackend, Sampler, StepTimer, TraceWindow, choose_backend
-from profiler.instruments.steps import PHASE_COLUMNS, STEP_COLUMNS, _reset_hwm
+from profiler.instruments.steps import PHASE_COLUMNS, STEP_COLUMNS, _HwmReset
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.trainer import PHASES, StepRecord, Trainer, TrainerHook
 
@@ -160,7 +160,7 @@ def _drive_step(timer: StepTimer, step: int, phases: dict[str, float | Callable[
 
 
 def test_rss_peak_is_per_step_where_linux_allows(tmp_path: Path) -> None:
-    if not _reset_hwm():
+    if not _HwmReset().works:
         pytest.skip("/proc/self/clear_refs is not writable here: the peak is process-lifetime")
     writer = FakeWriter(tmp_path)
     timer = StepTimer(writer)

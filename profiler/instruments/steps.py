@@ -77,25 +77,41 @@ STEP_COLUMNS = (
 NAN = float("nan")
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
-_HWM = re.compile(rb"VmHWM:\s+(\d+) kB")
+_HWM_RSS = re.compile(rb"VmHWM:\s+(\d+) kB.*?VmRSS:\s+(\d+) kB", re.S)
 
 
-def _read_hwm() -> float:
-    """The process's RSS high-water mark in bytes (Linux), NaN where /proc is missing."""
+def _read_rss() -> tuple[float, float] | None:
+    """(RSS, RSS high-water mark) in bytes from one read of /proc/self/status; None off Linux."""
     try:
-        found = _HWM.search(_STATUS.read_bytes())
+        found = _HWM_RSS.search(_STATUS.read_bytes())
     except OSError:
-        return NAN
-    return float(int(found.group(1)) * 1024) if found else NAN
+        return None
+    return (float(int(found.group(2)) * 1024), float(int(found.group(1)) * 1024)) if found else None
 
 
-def _reset_hwm() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0, process owner); False where not allowed."""
-    try:
-        _CLEAR_REFS.write_text("5")
-    except OSError:
-        return False
-    return True
+class _HwmReset:
+    """Resets VmHWM to the current RSS (Linux >= 4.0, process owner) through one open file."""
+
+    def __init__(self) -> None:
+        try:
+            self._file = open(_CLEAR_REFS, "w")  # noqa: SIM115 - kept open: one write per step
+            self.reset()
+        except OSError:
+            self._file = None
+
+    @property
+    def works(self) -> bool:
+        return self._file is not None
+
+    def reset(self) -> None:
+        if self._file is not None:
+            self._file.write("5")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 @dataclass
@@ -135,7 +151,7 @@ class StepTimer(Instrument):
         self.comm_stats: Any = None
         self.cuda: torch.device | None = None
         self._process = psutil.Process()
-        self._hwm_per_step = False
+        self._hwm: _HwmReset | None = None
         self._rows = 0
         self._unresolved = 0
         # the step in progress
@@ -158,7 +174,7 @@ class StepTimer(Instrument):
             index = torch.cuda.current_device() if device.index is None else device.index
             self.cuda = torch.device("cuda", index)
             torch.cuda.reset_peak_memory_stats(self.cuda)
-        self._hwm_per_step = _reset_hwm()
+        self._hwm = _HwmReset()
 
     def on_step_start(self, step: int) -> None:
         self.current_step = step
@@ -207,11 +223,13 @@ class StepTimer(Instrument):
             self._unresolved += len(self._pending)
             self._pending.clear()
         self._emit(rows)
+        if self._hwm is not None:
+            self._hwm.close()
 
     def summary(self) -> dict[str, Any]:
         return {"steps_written": self._rows, "unresolved_steps": self._unresolved,
                 "timing": "cuda_events" if self.cuda is not None else "perf_counter",
-                "rss_peak_scope": "step" if self._hwm_per_step else "process"}
+                "rss_peak_scope": "step" if self._hwm is not None and self._hwm.works else "process"}
 
     # -- internals --------------------------------------------------------------------------
     def _record(self) -> torch.cuda.Event:
@@ -226,10 +244,13 @@ class StepTimer(Instrument):
             alloc = float(torch.cuda.max_memory_allocated(self.cuda))
             reserved = float(torch.cuda.max_memory_reserved(self.cuda))
             torch.cuda.reset_peak_memory_stats(self.cuda)
-        rss = float(self._process.memory_info().rss)
-        peak = _read_hwm()
-        if self._hwm_per_step:
-            _reset_hwm()
+        read = _read_rss()
+        rss, peak = read if read is not None else (float(self._process.memory_info().rss), NAN)
+        if self._hwm is not None and self._hwm.works:
+            try:
+                self._hwm.reset()
+            except OSError:
+                self._hwm.close()
         return alloc, reserved, rss, peak
 
     def _resolve(self, *, wait: bool) -> Iterator[dict[str, Any]]:
