@@ -24,7 +24,7 @@ from optimizers import SetupContext, SwitchesConfig, TrainSetup, apply_all
 from reference_model.checkpoint import load_latest, save_checkpoint
 from reference_model.config import DataConfig, GLMConfig, TrainConfig
 from reference_model.data import build_loader
-from reference_model.model import GLMForCausalLM
+from reference_model.model import IGNORE_INDEX, GLMForCausalLM
 
 log = logging.getLogger("glmperf.trainer")
 
@@ -223,32 +223,40 @@ class Trainer:
         self._after_step(record)
         return record
 
-    def _forward_backward(self, step: int, batch: dict[str, torch.Tensor], last: bool) -> torch.Tensor:
+    def _forward_backward(self, step: int, batch: dict[str, torch.Tensor], weight: torch.Tensor,
+                          last: bool) -> torch.Tensor:
+        """Backward of this micro-batch's loss times its share of the step's labelled tokens."""
         s = self.setup
         with s.micro_batch(last=last):
             with self.phase(step, "forward"), torch.autocast(
                     self.device.type, dtype=s.autocast_dtype, enabled=s.autocast_dtype is not None):
-                loss = s.model(**batch).loss / s.accumulation_steps
+                loss = s.model(**batch).loss * weight
             with self.phase(step, "backward"):
                 (s.scaler.scale(loss) if s.scaler is not None else loss).backward()
-        return loss.detach() * s.accumulation_steps
+        return loss.detach()
 
     def train_step(self, step: int, batches: Iterator[dict[str, torch.Tensor]]) -> StepRecord:
         s = self.setup
         t0 = time.perf_counter()
         self._call("on_step_start", step)
         s.optimizer.zero_grad(set_to_none=True)
-        losses, tokens, batch = [], 0, {}
         non_blocking = bool(s.loader_options.get("pin_memory"))
-        for micro in range(s.accumulation_steps):
+        micro = []
+        for _ in range(s.accumulation_steps):
             with self.phase(step, "data"):
                 batch = next(batches)
             with self.phase(step, "h2d"):
-                batch = {k: v.to(self.device, non_blocking=non_blocking) for k, v in batch.items()}
-            tokens += batch["input_ids"].numel()
-            losses.append(self._forward_backward(step, batch, last=micro == s.accumulation_steps - 1))
+                micro.append({k: v.to(self.device, non_blocking=non_blocking) for k, v in batch.items()})
+        # Weight each micro-batch by its share of the step's labelled tokens, so N micro-batches give
+        # the gradient of one big batch even when label counts differ (blank infilling); with equal
+        # counts (causal) every weight is exactly 1/N. Counted on the device: no sync.
+        labelled = torch.stack([(b["labels"] != IGNORE_INDEX).sum() for b in micro]).float()
+        weights = labelled / labelled.sum().clamp(min=1.0)
+        losses = [self._forward_backward(step, b, weights[i], last=i == len(micro) - 1)
+                  for i, b in enumerate(micro)]
+        batch, tokens = micro[-1], sum(b["input_ids"].numel() for b in micro)
         with self.phase(step, "optimizer"):
-            loss = torch.stack(losses).mean()
+            loss = torch.stack(losses).sum()  # the mean over every labelled token of the step
             if s.scaler is not None:
                 s.scaler.unscale_(s.optimizer)
             if s.clip_grad_norm > 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from optimizers.config import SwitchesConfig, build_section
@@ -22,9 +23,11 @@ class GradsBeforeStep(TrainerHook):
             self.grads = {n: p.grad.clone() for n, p in self.trainer.model.named_parameters()}
 
 
-def make_trainer(tmp_path: Path, *, batch_size: int, accumulation: int) -> tuple[Trainer, GradsBeforeStep]:
+def make_trainer(tmp_path: Path, *, batch_size: int, accumulation: int,
+                 objective: str = "causal") -> tuple[Trainer, GradsBeforeStep]:
     hook = GradsBeforeStep()
-    trainer = Trainer(model_cfg=model_config("tiny"), data_cfg=DataConfig(corpus=["synthetic"], seq_len=32),
+    trainer = Trainer(model_cfg=model_config("tiny"),
+                      data_cfg=DataConfig(corpus=["synthetic"], seq_len=32, objective=objective),
                       train_cfg=TrainConfig(batch_size=batch_size, steps=1, device="cpu"),
                       switches=build_section(SwitchesConfig, {"grad_accumulation": accumulation}, "switches"),
                       hooks=[hook], run_dir=tmp_path)
@@ -32,9 +35,12 @@ def make_trainer(tmp_path: Path, *, batch_size: int, accumulation: int) -> tuple
     return trainer, hook
 
 
-def test_four_micro_batches_of_two_equal_one_batch_of_eight(tmp_path: Path) -> None:
-    big, big_hook = make_trainer(tmp_path / "big", batch_size=8, accumulation=1)
-    small, small_hook = make_trainer(tmp_path / "small", batch_size=2, accumulation=4)
+@pytest.mark.parametrize("objective", ["causal", "blank_infilling"])
+def test_four_micro_batches_of_two_equal_one_batch_of_eight(tmp_path: Path, objective: str) -> None:
+    """Also with blank infilling, whose samples carry different numbers of labels: micro-batches are
+    weighted by their labelled tokens, not equally."""
+    big, big_hook = make_trainer(tmp_path / "big", batch_size=8, accumulation=1, objective=objective)
+    small, small_hook = make_trainer(tmp_path / "small", batch_size=2, accumulation=4, objective=objective)
     assert small.setup.accumulation_steps == 4
     for (name, a), b in zip(big.model.state_dict().items(), small.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name  # same seed, same initial weights
