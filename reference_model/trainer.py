@@ -166,7 +166,8 @@ class Trainer:
     def _resume(self) -> None:
         if self.checkpoint_dir is None:
             raise ValueError("switches.checkpoint.resume needs switches.checkpoint.dir or a run directory")
-        found = load_latest(self.checkpoint_dir, map_location=self.device)
+        # on the CPU: the RNG state must stay a CPU tensor; load_state_dict moves the rest to the device
+        found = load_latest(self.checkpoint_dir, map_location="cpu")
         if found is None:
             log.warning("resume: no readable checkpoint in %s; starting from step 0", self.checkpoint_dir)
             return
