@@ -34,8 +34,8 @@ from torch import nn
 
 from benchmarks.common import fmt, header, median, mode_label, table, write_result
 from benchmarks.switch_claims import BATCH, ROWS, SEQ, Row
-from optimizers.catalog import REGISTRY
-from optimizers.config import SwitchesConfig, build_section
+from optimizers import REGISTRY, SwitchesConfig
+from optimizers.config import build_section
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.trainer import StepRecord, Trainer, TrainerHook
 

@@ -12,10 +12,34 @@ only in spirit. bf16 has fp32's exponent range, so it needs no scaler: we add on
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
 import torch
 
 from optimizers.base import Optimization, SetupContext, TrainSetup
-from optimizers.config import AmpConfig, SwitchesConfig
+from optimizers.bottlenecks import Bottleneck, Capability
+from optimizers.config import Section
+from optimizers.facts import Candidate, Effect
+
+if TYPE_CHECKING:
+    from optimizers.catalog import SwitchesConfig
+
+
+@dataclass
+class AmpConfig(Section):
+    KEY: ClassVar[str] = "switches.amp"
+    dtype: str = "off"
+    """Autocast dtype: off (fp32), bf16, or fp16 (fp16 always runs with a GradScaler)."""
+    init_scale: float = 2.0**16
+    """fp16 only: the GradScaler's starting loss scale."""
+    growth_interval: int = 2000
+    """fp16 only: steps without inf/NaN before the scale doubles."""
+
+    def __post_init__(self) -> None:
+        self.check_choice("dtype", ["off", "bf16", "fp16"])
+        self.check_range("init_scale", lo=0, lo_open=True)
+        self.check_range("growth_interval", lo=1)
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -57,11 +81,34 @@ def _check_device(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
     return None
 
 
+# Measured on CPU (switch_effects.md, row amp=bf16): forward -30%, backward -31%, total memory -24%
+# (saved activations -31%), with a calibrated bf16/fp32 peak ratio of ~3.9 (profiler/device.py):
+# a matmul share of ~0.4 of forward and backward. On GPUs the matmuls are a larger share.
+_MATMUL_SHARE = (0.4, 0.8)
+_MATMUL_BASIS = ("amp=bf16 row: forward -30%, backward -31% on a CPU with a ~3.9x bf16 peak ratio, i.e. a "
+                 "matmul share of ~0.4; matmuls are a larger share on GPUs; fp16 assumed alike (not measured here)")
+_MEMORY = Effect("peak_memory", "shrinks", 0.2, 0.35,
+                 basis="amp=bf16 row: total -24%, saved activations -31% (weights, grads and AdamW state stay fp32)")
+
+
+def _half(dtype: str, speedup: str, requires: Capability) -> Candidate:
+    return Candidate(
+        set={"switches.amp.dtype": dtype},
+        effects=(Effect("forward", "shrinks", *_MATMUL_SHARE, scales_with=speedup, basis=_MATMUL_BASIS),
+                 Effect("backward", "shrinks", *_MATMUL_SHARE, scales_with=speedup, basis=_MATMUL_BASIS),
+                 _MEMORY),
+        requires=(requires,), risk="numerics", applies=lambda c: c.dtype != dtype,
+        note="bf16 needs no loss scaling" if dtype == "bf16" else
+             "fp16 runs with a GradScaler: watch skipped steps while the scale settles")
+
+
 OPTIMIZATION = Optimization(
     name="amp",
+    config=AmpConfig,
     apply=apply_amp,
     enabled=lambda c: c.dtype != "off",
-    addresses=("compute_bound", "memory_bound"),
+    addresses=(Bottleneck.COMPUTE_BOUND, Bottleneck.MEMORY_BOUND, Bottleneck.LOW_PRECISION_UNUSED,
+               Bottleneck.PRECISION_EMULATED),
     effect="matmuls run on bf16/fp16 tensor cores (up to several x the fp32 throughput on GPUs) and "
            "the activations autocast produces are half the bytes",
     cost="a cast per autocast operator (weights are re-cast every forward); fp16 adds a scale, an "
@@ -71,4 +118,6 @@ OPTIMIZATION = Optimization(
     source="000 2.2; 004 3.1",
     needs="bf16: a CPU or a CUDA GPU with compute capability >= 8.0; fp16: CUDA (or CPU, slowly)",
     checks=(_check_device,),
+    candidates=(_half("bf16", "bf16_matmul_speedup", Capability.FAST_BF16_MATMUL),
+                _half("fp16", "fp16_matmul_speedup", Capability.FAST_FP16_MATMUL)),
 )

@@ -9,13 +9,30 @@ for causal attention or a bool tensor broadcastable to (B, H, T, T), True = may 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from optimizers.base import Optimization, SetupContext, TrainSetup, blocks
-from optimizers.config import AttentionConfig, SwitchesConfig
+from optimizers.bottlenecks import Bottleneck
+from optimizers.config import Section
+from optimizers.facts import Candidate, Effect
+
+if TYPE_CHECKING:
+    from optimizers.catalog import SwitchesConfig
+
+
+@dataclass
+class AttentionConfig(Section):
+    KEY: ClassVar[str] = "switches.attention"
+    impl: str = "sdpa"
+    """eager (matmul + softmax), sdpa (torch's fused kernels), linear (causal elu+1 kernel, O(T))."""
+
+    def __post_init__(self) -> None:
+        self.check_choice("impl", ["eager", "sdpa", "linear"])
 
 AttentionFn = Callable[..., Tensor]
 """`fn(q, k, v, *, mask, scale) -> Tensor`, see the module docstring."""
@@ -128,11 +145,16 @@ def _check_objective(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
     return None
 
 
+_SDPA_BASIS = "attention_scaling.md: eager takes 1.28x sdpa's time at T=256, 1.84x at 1024, 4.56x at 4096"
+_LINEAR_BASIS = ("attention_scaling.md: linear takes 0.73x sdpa's time at T=1024, 0.21x at 4096, 0.09x at "
+                 "16384 (but 2.36x at T=256)")
+
 OPTIMIZATION = Optimization(
     name="attention",
+    config=AttentionConfig,
     apply=apply_attention,
     enabled=lambda c: c.impl != "sdpa",
-    addresses=("attention_bound", "compute_bound"),
+    addresses=(Bottleneck.ATTENTION_BOUND, Bottleneck.COMPUTE_BOUND),
     effect="linear makes attention O(T*hd^2) instead of O(T^2*hd) per head, so long sequences get "
            "cheaper; eager is the slow unfused baseline kept for comparison and parity.",
     cost="linear changes the model (a different function, lower quality than softmax at equal size); "
@@ -142,4 +164,21 @@ OPTIMIZATION = Optimization(
     source="000 3.1",
     needs="sdpa: torch >= 2.0 (its flash kernel on CUDA needs fp16/bf16); linear: a causal objective.",
     checks=(_check_objective,),
+    candidates=(
+        Candidate(set={"switches.attention.impl": "sdpa"}, applies=lambda c: c.impl == "eager", risk="numerics",
+                  effects=(Effect("forward", "shrinks", 0.2, 0.8, scales_with="attention_share", basis=_SDPA_BASIS),
+                           Effect("backward", "shrinks", 0.2, 0.8, scales_with="attention_share", basis=_SDPA_BASIS),
+                           Effect("peak_memory", "shrinks", 0.1, 0.5,
+                                  basis="attention=eager row: total 1.14x sdpa's at T=256 (-12% back to sdpa); "
+                                        "eager's (B, H, T, T) scores grow with T^2")),
+                  note="sdpa equals eager to 1e-5 (tests/test_attention.py)"),
+        Candidate(set={"switches.attention.impl": "linear"}, applies=lambda c: c.impl != "linear",
+                  risk="changes_model",
+                  effects=(Effect("forward", "shrinks", 0.25, 0.9, scales_with="attention_share",
+                                  basis=_LINEAR_BASIS),
+                           Effect("backward", "shrinks", 0.25, 0.9, scales_with="attention_share",
+                                  basis=_LINEAR_BASIS)),
+                  note="pays off only for long sequences (from T ~ 1024; slower below); a different model "
+                       "(loss +1% on the small preset), causal only"),
+    ),
 )

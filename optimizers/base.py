@@ -1,9 +1,11 @@
 """The pieces every switch shares: the context it runs in, the setup it edits, its facts, the registry.
 
-A switch is one module with one `apply_<switch>(setup, cfg, ctx)` that edits a `TrainSetup` (the
-wrapped model, optimizer, autocast, scaler, ... the trainer runs) and an `Optimization` record
-with its facts. The model protocol a switch may rely on is small (see `blocks`), so the catalog
-works on a user's own model too.
+A switch is one module holding its config section (a `Section` dataclass), one
+`apply_<switch>(setup, cfg, ctx)` that edits a `TrainSetup` (the wrapped model, optimizer, autocast,
+scaler, ... the trainer runs) and an `Optimization` record with its facts: the bottlenecks it
+addresses and its candidate changes (optimizers.bottlenecks, optimizers.facts) besides the prose.
+The model protocol a switch may rely on is small (see `blocks`), so the catalog works on a user's
+own model too.
 """
 
 from __future__ import annotations
@@ -12,33 +14,46 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
-from optimizers.config import ConfigError, SwitchesConfig
+from optimizers.bottlenecks import Bottleneck, Capability
+from optimizers.config import ConfigError, Section
+from optimizers.facts import Candidate
+
+if TYPE_CHECKING:
+    from optimizers.catalog import SwitchesConfig
 
 log = logging.getLogger("glmperf.optimizers")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SetupContext:
-    """Where the setup will run; switches that cannot run there refuse at config time."""
+    """Where the setup will run; switches that cannot run there refuse at config time.
 
+    Every run figure is required: the context is built from a run's config (our trainer's
+    `reference_model.trainer.setup_context`), so there is no second set of defaults to disagree.
+    """
+
+    total_steps: int
+    """Optimizer steps of the run (schedules need the horizon)."""
+    lr: float
+    batch_size: int
+    """Micro-batch size in samples, the one the loader starts with."""
+    seq_len: int
+    """Tokens per sample (memory-fitting switches build trial batches of this shape)."""
+    objective: str
+    """causal or blank_infilling (linear attention can run only the first)."""
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     world_size: int = 1
     rank: int = 0
-    total_steps: int = 100
-    """Optimizer steps of the run (schedules need the horizon)."""
-    lr: float = 3e-4
-    batch_size: int = 8
-    """Micro-batch size in samples, the one the loader starts with."""
-    seq_len: int = 64
-    """Tokens per sample (memory-fitting switches build trial batches of this shape)."""
-    objective: str = "causal"
     memory_budget_bytes: int | None = None
     """The capacity memory-fitting switches aim under (None: the device's or machine's)."""
+    wrap_comm_hook: Callable[..., Any] | None = None
+    """`wrap_comm_hook(torch_hook, wire_dtype) -> hook`: the profiler's communication recorder,
+    registered by DDP in place of torch's hook (None: torch's hook as it is)."""
 
 
 class BatchController(Protocol):
@@ -80,8 +95,6 @@ class TrainSetup:
     batch_controller: BatchController | None = None
     loader_options: dict[str, Any] = field(default_factory=dict)
     """DataLoader keyword arguments chosen by the dataloader switch."""
-    comm_stats: Any = None
-    """Communication counters filled by the DDP comm hook (profiler reads them)."""
     compiled: bool = False
     """True when torch.compile is on: the first steps include compile time."""
     applied: list[str] = field(default_factory=list)
@@ -129,7 +142,7 @@ def blocks(model: nn.Module) -> nn.ModuleList:
     return found
 
 
-Check = Callable[[SwitchesConfig, SetupContext], "str | None"]
+Check = Callable[["SwitchesConfig", SetupContext], "str | None"]
 """Returns the reason a configuration cannot run in this context, or None."""
 
 
@@ -139,11 +152,13 @@ class Optimization:
 
     name: str
     """The `switches.<name>` key."""
+    config: type[Section]
+    """Its config section, defined in the switch's module; `SwitchesConfig` has one field of it."""
     apply: Callable[[TrainSetup, Any, SetupContext], None]
     enabled: Callable[[Any], bool]
     """Whether the section asks for anything beyond the baseline."""
-    addresses: tuple[str, ...]
-    """Bottleneck names (profiler.analysis) this switch relieves."""
+    addresses: tuple[Bottleneck, ...]
+    """The bottleneck kinds this switch relieves."""
     effect: str
     cost: str
     risk: str
@@ -152,6 +167,12 @@ class Optimization:
     needs: str = ""
     checks: tuple[Check, ...] = ()
     """Context checks run at config time (conflicts, missing hardware)."""
+    candidates: tuple[Candidate, ...] = ()
+    """The concrete changes a recommender may propose, with their expected effects (optimizers.facts)."""
+    always: bool = False
+    """Applied even at its defaults, because the baseline needs it: the baseline trains with AdamW,
+    a cosine schedule and clipping at 1.0, and DDP wraps the model whenever there are several ranks
+    (in one process it does nothing)."""
 
 
 class Registry:
@@ -161,10 +182,15 @@ class Registry:
         self._items: dict[str, Optimization] = {}
 
     def register(self, opt: Optimization) -> None:
+        """Add `opt`, refusing a second switch of that name and facts outside the vocabularies."""
         if opt.name in self._items:
             raise ValueError(f"switch {opt.name!r} is registered twice")
-        if opt.name not in {f for f in SwitchesConfig.__dataclass_fields__}:
-            raise ValueError(f"switch {opt.name!r} has no section in SwitchesConfig")
+        key = f"switches.{opt.name}"
+        if not (isinstance(opt.config, type) and issubclass(opt.config, Section) and key == opt.config.KEY):
+            raise ValueError(f"switch {opt.name!r} has no section: its config must be a Section with KEY {key!r}")
+        _check_vocabulary(opt.name, "addresses", opt.addresses, Bottleneck)
+        for candidate in opt.candidates:
+            _check_vocabulary(opt.name, "requires", candidate.requires, Capability)
         self._items[opt.name] = opt
 
     def get(self, name: str) -> Optimization:
@@ -178,6 +204,16 @@ class Registry:
 
     def __iter__(self) -> Iterator[Optimization]:
         return iter(self._items.values())
+
+
+def _check_vocabulary(switch: str, what: str, names: tuple[str, ...],
+                      vocabulary: type[Bottleneck] | type[Capability]) -> None:
+    """Refuse a name outside `vocabulary`, naming the switch, the bad name and the known ones."""
+    known = {member.value for member in vocabulary}
+    for name in names:
+        if name not in known:
+            raise ValueError(f"switch {switch!r} {what} {name!r}, not a known {vocabulary.__name__}; "
+                             f"known: {', '.join(sorted(known))}")
 
 
 def check_context(registry: Registry, switches: SwitchesConfig, ctx: SetupContext) -> None:

@@ -1,13 +1,19 @@
-"""The registry of switches and `apply_all`, the one ordered pipeline that turns config into a setup."""
+"""The registry of switches, the `switches.*` config derived from it, and `apply_all`, the one
+ordered pipeline that turns config into a setup.
+
+Adding a switch is its module (section + apply + `Optimization` record), one line in ORDER, its
+test and its doc row (docs/optimizations.md): `SwitchesConfig` grows a field by itself.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 from torch import nn
 
 from optimizers.base import Registry, SetupContext, TrainSetup, check_context
-from optimizers.config import SwitchesConfig
+from optimizers.config import Section
 
 # The pipeline's order, and it matters; the reason stands beside each line: (module, record).
 ORDER = (
@@ -33,9 +39,16 @@ REGISTRY = Registry()
 for _module, _attr in ORDER:
     REGISTRY.register(getattr(importlib.import_module(f"optimizers.{_module}"), _attr))
 
-ALWAYS = {"optimizer", "lr_schedule", "stability", "ddp"}
-"""Applied even at their defaults: the baseline trains with them (AdamW, cosine, clip 1.0), and
-DDP wraps the model whenever there are several ranks (it does nothing in a single process)."""
+# One field per switch, in pipeline order, defaulting to its section's defaults. Derived, not
+# written out, so that a new switch is its module and its ORDER line; `__module__` makes it
+# picklable and names it where it lives.
+SwitchesConfig = dataclasses.make_dataclass(
+    "SwitchesConfig",
+    [(opt.name, opt.config, dataclasses.field(default_factory=opt.config)) for opt in REGISTRY],
+    bases=(Section,),
+    namespace={"KEY": "switches", "__module__": __name__,
+               "__doc__": "Every switch of the catalog; defaults are the plain baseline (AdamW, cosine, clip 1.0)."},
+)
 
 
 def check_all(switches: SwitchesConfig, ctx: SetupContext) -> None:
@@ -49,7 +62,7 @@ def apply_all(model: nn.Module, switches: SwitchesConfig, ctx: SetupContext) -> 
     setup = TrainSetup(model=model)
     for opt in REGISTRY:
         section = getattr(switches, opt.name)
-        if opt.name in ALWAYS or opt.enabled(section):
+        if opt.always or opt.enabled(section):
             opt.apply(setup, section, ctx)
             if opt.enabled(section):
                 setup.applied.append(opt.name)

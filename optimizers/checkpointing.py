@@ -12,8 +12,30 @@ a training loop but the idea of periodic, consistent snapshots.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from optimizers.base import Optimization, SetupContext, TrainSetup
-from optimizers.config import CheckpointConfig
+from optimizers.bottlenecks import Bottleneck
+from optimizers.config import Section
+from optimizers.facts import Candidate, Effect
+
+
+@dataclass
+class CheckpointConfig(Section):
+    KEY: ClassVar[str] = "switches.checkpoint"
+    every: int = 0
+    """Save every N optimizer steps (0 = never). Saves are atomic: write, fsync, rename."""
+    keep: int = 3
+    """Keep the last K checkpoints."""
+    dir: str = ""
+    """Where to save ('' = <run dir>/checkpoints)."""
+    resume: bool = False
+    """Continue from the newest good checkpoint in `dir`, exactly where it stopped."""
+
+    def __post_init__(self) -> None:
+        self.check_range("every", lo=0)
+        self.check_range("keep", lo=1)
 
 
 def apply_checkpointing(setup: TrainSetup, cfg: CheckpointConfig, ctx: SetupContext) -> None:
@@ -24,12 +46,18 @@ def apply_checkpointing(setup: TrainSetup, cfg: CheckpointConfig, ctx: SetupCont
 
 
 OPTIMIZATION = Optimization(
-    name="checkpoint", apply=apply_checkpointing, enabled=lambda c: c != CheckpointConfig(),
-    addresses=("checkpoint_io_bound",),
+    name="checkpoint", config=CheckpointConfig, apply=apply_checkpointing, enabled=lambda c: c != CheckpointConfig(),
+    addresses=(Bottleneck.CHECKPOINT_BOUND,),
     effect="saving every N steps spends one save's time per N steps, so a larger N cuts the share of "
            "time spent writing checkpoints in proportion; resume turns a crash into the steps since "
            "the last save",
     cost="a save writes the weights and the optimizer state (AdamW: about 3x the fp32 weights) and "
          "fsyncs them while training waits",
     risk="a larger N loses more steps on a crash; keep=1 leaves no older checkpoint to fall back to",
-    source="000 ch.5; 004 4.4")
+    source="000 ch.5; 004 4.4",
+    candidates=(
+        Candidate(set={"switches.checkpoint.every": lambda every: every * 4}, applies=lambda c: c.every > 0,
+                  effects=(Effect("checkpoint", "shrinks", 0.75, 0.75,
+                                  basis="arithmetic: one save per 4x as many steps"),),
+                  note="a crash loses up to 4x as many steps"),
+    ))

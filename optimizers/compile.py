@@ -20,9 +20,30 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from optimizers.base import Optimization, SetupContext, TrainSetup, blocks
-from optimizers.config import CompileConfig, SwitchesConfig
+from optimizers.bottlenecks import Bottleneck, Capability
+from optimizers.config import Section
+from optimizers.facts import Candidate, Effect
+
+if TYPE_CHECKING:
+    from optimizers.catalog import SwitchesConfig
+
+
+@dataclass
+class CompileConfig(Section):
+    KEY: ClassVar[str] = "switches.compile"
+    mode: str = "off"
+    """off, default, or max-autotune (torch.compile modes)."""
+    scope: str = "block"
+    """block: compile each transformer block (fast to compile, fuses norm/act/epilogues);
+    model: compile the whole model."""
+
+    def __post_init__(self) -> None:
+        self.check_choice("mode", ["off", "default", "max-autotune"])
+        self.check_choice("scope", ["block", "model"])
 
 
 def apply_compile(setup: TrainSetup, cfg: CompileConfig, ctx: SetupContext) -> None:
@@ -59,9 +80,10 @@ def _check_toolchain(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
 
 OPTIMIZATION = Optimization(
     name="compile",
+    config=CompileConfig,
     apply=apply_compile,
     enabled=lambda c: c.mode != "off",
-    addresses=("host_bound", "memory_bound", "compute_bound"),
+    addresses=(Bottleneck.HOST_BOUND, Bottleneck.MEMORY_BOUND, Bottleneck.COMPUTE_BOUND),
     effect="fewer, fused kernels: pointwise chains read and write each activation once, and fewer "
            "launches relieve a host-bound step; max-autotune also benchmarks matmul/conv kernels",
     cost="compile time on the first step (and on every new input shape); max-autotune takes much longer",
@@ -70,4 +92,16 @@ OPTIMIZATION = Optimization(
     source="000 ch.1; 004 3.3",
     needs="CPU: a C++ compiler; CUDA: triton",
     checks=(_check_toolchain,),
+    candidates=(
+        Candidate(set={"switches.compile.mode": "default"}, applies=lambda c: c.mode == "off",
+                  requires=(Capability.COMPILER,), risk="numerics",
+                  effects=(Effect("forward", "shrinks", 0.05, 0.15,
+                                  basis="compile=default (scope block) row: forward 119 -> 105 ms (-12%)"),
+                           Effect("backward", "shrinks", 0.05, 0.1,
+                                  basis="compile=default (scope block) row: backward 239 -> 218 ms (-9%)"),
+                           Effect("peak_memory", "shrinks", 0.1, 0.2,
+                                  basis="compile=default (scope block) row: total -17%, saved activations -21%")),
+                  note="the first step compiles (2.6 s warm on the small preset, 46 s with a cold cache on "
+                       "tiny) and every new input shape recompiles; a host-bound GPU step can gain more"),
+    ),
 )

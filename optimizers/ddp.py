@@ -1,24 +1,12 @@
-"""Distributed data parallel: DDP, gradient-compression comm hooks, and their counters (000 2.4;
-004 2.2, 2.4, 4.1).
+"""Distributed data parallel: DDP and its gradient-compression comm hooks (000 2.4; 004 2.2, 2.4, 4.1).
 
 Under torchrun (world size > 1) the model is wrapped in DistributedDataParallel, which packs
 gradients into buckets and all-reduces each bucket as soon as backward has produced it, so the
 communication overlaps the rest of backward. The source's loop of one blocking `dist.all_reduce`
 per parameter after backward (000 2.4) is the opposite: as many collectives as parameters, none
 overlapped. The comm hook chooses what a bucket sends: fp32 (none), fp16/bf16 (half the bytes),
-or PowerSGD's rank-r factors. torch's own hooks run inside a thin recording hook that fills
-`CommStats`, which the profiler reads once per step.
-
-Bytes are the payload each all-reduce is handed: the bucket's elements x 4 (fp32), x 2 (fp16,
-bf16); for PowerSGD the elements after compression that `PowerSGDState.compression_stats()`
-counts for the bucket (the P and Q factors plus the tensors it leaves uncompressed: biases,
-norms, matrices too small to gain), or the whole bucket in its first plain all-reduce steps. A
-ring all-reduce puts 2(N-1)/N times the payload on each rank's wire (the bus-bandwidth factor).
-
-Exposed communication is approximated as the latest completion of any bucket minus the latest
-launch: DDP launches the last bucket when backward has produced its last gradient, so no backward
-compute is left to hide what runs after that. It includes the hook's own work on that bucket
-(casts, PowerSGD's matmuls), which nothing overlaps either.
+or PowerSGD's rank-r factors. torch's own hooks are registered as they are, or, when the context
+has a `wrap_comm_hook` (the profiler's communication counters), wrapped by it.
 """
 
 from __future__ import annotations
@@ -26,13 +14,10 @@ from __future__ import annotations
 import functools
 import math
 import os
-import threading
-import time
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -40,7 +25,30 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel
 
 from optimizers.base import Optimization, SetupContext, TrainSetup
-from optimizers.config import ConfigError, DdpConfig, SwitchesConfig
+from optimizers.bottlenecks import Bottleneck, Capability
+from optimizers.config import ConfigError, Section
+from optimizers.facts import Candidate, Effect
+
+if TYPE_CHECKING:
+    from optimizers.catalog import SwitchesConfig
+
+
+@dataclass
+class DdpConfig(Section):
+    KEY: ClassVar[str] = "switches.ddp"
+    comm_hook: str = "none"
+    """none (fp32 all-reduce), fp16 or bf16 (compress gradients), powersgd (low-rank)."""
+    bucket_cap_mb: float = 25.0
+    """DDP gradient bucket size; larger buckets mean fewer, bigger all-reduces."""
+    powersgd_rank: int = 1
+    backend: str = "auto"
+    """auto (nccl on CUDA, gloo on CPU), gloo, nccl."""
+
+    def __post_init__(self) -> None:
+        self.check_choice("comm_hook", ["none", "fp16", "bf16", "powersgd"])
+        self.check_range("bucket_cap_mb", lo=0.0, lo_open=True)
+        self.check_range("powersgd_rank", lo=1)
+        self.check_choice("backend", ["auto", "gloo", "nccl"])
 
 TIMEOUT_ENV = "GLMPERF_DIST_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 60.0
@@ -100,150 +108,11 @@ def init_process_group(cfg: DdpConfig, ctx: SetupContext) -> str:
     return backend
 
 
-# --------------------------------------------------------------------------------------------
-# Counting and timing every bucket's all-reduce
-
-
-@dataclass
-class _Bucket:
-    calls: int
-    nbytes: int
-    launch: Any
-    """Host seconds (perf_counter) or, on CUDA, an event recorded at launch."""
-    done: Any = None
-
-
-def _busy_time(spans: list[tuple[float, float]]) -> float:
-    """Length of the union of [launch, done] spans: time with at least one all-reduce in flight."""
-    total, end = 0.0, -math.inf
-    for start, stop in sorted(spans):
-        if stop > end:
-            total += stop - max(start, end)
-            end = stop
-    return total
-
-
-class StepComm(Mapping[str, float]):
-    """One step's all-reduce figures, computed when first read.
-
-    calls: collectives issued (1 per bucket; PowerSGD 3: uncompressed tensors, P, Q);
-    buckets: DDP buckets reduced; bytes: payload handed to all_reduce (module docstring);
-    time_s: wall time with at least one bucket in flight, launch to completion, hook work included;
-    exposed_s: the part after the last launch, which backward does not overlap;
-    bandwidth: bytes / time_s in bytes/s (algorithm bandwidth).
-
-    On CUDA the spans are events: reading before the step's device work is done waits for it, so a
-    caller that reads lazily (after its own end-of-step event) never stalls the host.
-    """
-
-    def __init__(self, buckets: list[_Bucket], *, cuda: bool) -> None:
-        self._buckets, self._cuda = buckets, cuda
-        self._values: dict[str, float] | None = None
-
-    def _spans(self, buckets: list[_Bucket]) -> list[tuple[float, float]]:
-        if not self._cuda:
-            return [(b.launch, b.done) for b in buckets]
-        for b in buckets:
-            b.launch.synchronize()
-            b.done.synchronize()
-        origin = buckets[0].launch
-        return [(origin.elapsed_time(b.launch) / 1e3, origin.elapsed_time(b.done) / 1e3) for b in buckets]
-
-    def _resolve(self) -> dict[str, float]:
-        if self._values is None:
-            finished = [b for b in self._buckets if b.done is not None]
-            spans = self._spans(finished) if finished else []
-            busy = _busy_time(spans)
-            exposed = max(0.0, max(d for _, d in spans) - max(s for s, _ in spans)) if spans else 0.0
-            nbytes = sum(b.nbytes for b in self._buckets)
-            self._values = {"calls": sum(b.calls for b in self._buckets), "buckets": len(self._buckets),
-                            "bytes": nbytes, "time_s": busy, "exposed_s": exposed,
-                            "bandwidth": nbytes / busy if busy > 0 else 0.0}
-            self._buckets = []
-        return self._values
-
-    def __getitem__(self, key: str) -> float:
-        return self._resolve()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._resolve())
-
-    def __len__(self) -> int:
-        return len(self._resolve())
-
-
-class CommStats:
-    """The gradient all-reduces of the current step, filled by the recording comm hook.
-
-    `take_step()` hands over the buckets launched since its last call and starts over; the
-    profiler calls it once per optimizer step. Times come from the host clock on CPU (a gloo
-    future completes when its all-reduce has) and from CUDA events on GPU (an NCCL future
-    completes at launch, but an event recorded in its callback completes with the collective).
-    """
-
-    MAX_PENDING = 10_000
-    """Buckets kept when nobody takes them (a run without the profiler must not grow)."""
-
-    def __init__(self, *, hook: str, device: torch.device) -> None:
-        self.hook = hook
-        self.cuda = device.type == "cuda"
-        self._lock = threading.Lock()
-        self._pending: deque[_Bucket] = deque(maxlen=self.MAX_PENDING)
-
-    def clock(self) -> Any:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def launched(self, *, calls: int, nbytes: int, at: Any) -> _Bucket:
-        bucket = _Bucket(calls=calls, nbytes=nbytes, launch=at)
-        with self._lock:
-            self._pending.append(bucket)
-        return bucket
-
-    def completed(self, bucket: _Bucket) -> None:
-        bucket.done = self.clock()
-
-    def take_step(self) -> StepComm:
-        """This step's all-reduces (see `StepComm` for the keys and units); the next step starts empty."""
-        with self._lock:
-            buckets = list(self._pending)
-            self._pending.clear()
-        return StepComm(buckets, cuda=self.cuda)
-
-
-def recording_hook(hook: Callable, stats: CommStats, *, wire_dtype: torch.dtype | None = None) -> Callable:
-    """Wrap one of torch's comm hooks so each bucket's all-reduce is counted and timed in `stats`.
-
-    wire_dtype: the dtype the hook casts a bucket to (fp16/bf16 hooks); None: the bucket's own.
-    """
-
-    # No annotations: DDP compares them with dist.GradBucket / Future[Tensor] by identity.
-    def recorded(state, bucket):
-        buffer = bucket.buffer()
-        launch = stats.clock()
-        if isinstance(state, powerSGD_hook.PowerSGDState) and state.iter >= state.start_powerSGD_iter:
-            before = state.compression_stats()[2]
-            future = hook(state, bucket)  # counts this bucket's compressed elements synchronously
-            numel, calls = state.compression_stats()[2] - before, 3
-        else:
-            future = hook(state, bucket)
-            numel, calls = buffer.numel(), 1
-        itemsize = (wire_dtype or buffer.dtype).itemsize
-        record = stats.launched(calls=calls, nbytes=numel * itemsize, at=launch)
-
-        def done(fut: torch.futures.Future) -> torch.Tensor:
-            stats.completed(record)
-            return fut.value()
-
-        return future.then(done)
-
-    # Not torch's own name: DDP refuses a hook *named* bf16_compress_hook unless CUDA and NCCL
-    # 2.10+; our checks decide instead, from what the backend really supports.
-    recorded.__name__ = recorded.__qualname__ = f"recorded_{hook.__name__}"
-    return recorded
+# No annotations: DDP compares them with dist.GradBucket / Future[Tensor] by identity.
+def _bf16_hook(state, bucket):
+    """torch's bf16_compress_hook under another name: DDP refuses a hook *named* bf16_compress_hook
+    unless CUDA and NCCL 2.10+; our checks decide instead, from what the backend really supports."""
+    return default_hooks.bf16_compress_hook(state, bucket)
 
 
 def _torch_hook(cfg: DdpConfig, ctx: SetupContext) -> tuple[Callable, Any]:
@@ -251,7 +120,7 @@ def _torch_hook(cfg: DdpConfig, ctx: SetupContext) -> tuple[Callable, Any]:
     if cfg.comm_hook == "fp16":
         return default_hooks.fp16_compress_hook, None
     if cfg.comm_hook == "bf16":
-        return default_hooks.bf16_compress_hook, None
+        return _bf16_hook, None
     if cfg.comm_hook == "powersgd":
         # Plain all-reduce for the first 10% of steps (torch's advice; its error feedback and warm
         # start need at least 2), then rank-r factors with error feedback.
@@ -294,10 +163,11 @@ def apply_ddp(setup: TrainSetup, cfg: DdpConfig, ctx: SetupContext) -> None:
     cap = bucket_cap_mb(cfg, backend, setup.raw_model)
     model = DistributedDataParallel(setup.model, device_ids=device_ids, bucket_cap_mb=cap,
                                     gradient_as_bucket_view=True)
-    stats = CommStats(hook=cfg.comm_hook, device=ctx.device)
     hook, state = _torch_hook(cfg, ctx)
-    model.register_comm_hook(state, recording_hook(hook, stats, wire_dtype=_WIRE_DTYPE.get(cfg.comm_hook)))
-    setup.model, setup.no_sync, setup.comm_stats = model, model.no_sync, stats
+    if ctx.wrap_comm_hook is not None:
+        hook = ctx.wrap_comm_hook(hook, _WIRE_DTYPE.get(cfg.comm_hook))
+    model.register_comm_hook(state, hook)
+    setup.model, setup.no_sync = model, model.no_sync
     extra = f" (rank {cfg.powersgd_rank}, from step {state.start_powerSGD_iter})" if state is not None else ""
     buckets = f"buckets of {cap:g} MB"
     if cap != cfg.bucket_cap_mb:
@@ -351,9 +221,12 @@ def _check_timeout(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
     return None
 
 
+_BYTES = ("docs/optimizations.md, ddp (2 gloo ranks, tiny): payload per step none 528,640 B, fp16 264,320 B, "
+          "PowerSGD rank 1 14,112 B (37x fewer)")
+
 OPTIMIZATION = Optimization(
-    name="ddp", apply=apply_ddp, enabled=lambda c: c != DdpConfig(),
-    addresses=("communication_bound",),
+    name="ddp", config=DdpConfig, apply=apply_ddp, enabled=lambda c: c != DdpConfig(),
+    addresses=(Bottleneck.COMM_BOUND,),
     effect="fp16/bf16 hooks halve the bytes of every gradient all-reduce and PowerSGD sends rank-r "
            "factors instead (tens of times fewer bytes); bigger buckets mean fewer, larger all-reduces",
     cost="a cast per bucket (fp16/bf16); PowerSGD adds matmuls per bucket and keeps an error-feedback "
@@ -362,4 +235,22 @@ OPTIMIZATION = Optimization(
          "corrects it over steps); compare loss curves, not only step time",
     source="000 2.4; 004 2.2, 2.4, 4.1",
     needs="several ranks (torchrun --nproc_per_node N); nccl needs CUDA",
-    checks=(_check_ranks, _check_backend, _check_wire_dtype, _check_timeout))
+    checks=(_check_ranks, _check_backend, _check_wire_dtype, _check_timeout), always=True,
+    candidates=(
+        Candidate(set={"switches.ddp.comm_hook": "fp16"}, applies=lambda c: c.comm_hook == "none",
+                  requires=(Capability.SEVERAL_RANKS,), risk="numerics",
+                  effects=(Effect("comm_bytes", "shrinks", 0.5, 0.5, basis=_BYTES),
+                           Effect("comm", "shrinks", 0.3, 0.5,
+                                  basis="half the bytes; all-reduce time follows them where bandwidth-bound, "
+                                        "less the cast (not timed)"))),
+        Candidate(set={"switches.ddp.comm_hook": "powersgd"}, applies=lambda c: c.comm_hook != "powersgd",
+                  requires=(Capability.SEVERAL_RANKS,), risk="convergence",
+                  effects=(Effect("comm_bytes", "shrinks", 0.9, 0.97, basis=_BYTES + "; larger matrices gain more"),
+                           Effect("comm", "shrinks", 0.5, 0.9,
+                                  basis="far fewer bytes, less PowerSGD's matmuls per bucket (not timed); over "
+                                        "gloo it runs as one bucket, which nothing overlaps"),
+                           Effect("peak_memory", "grows", 0.05, 0.25,
+                                  basis="an fp32 error-feedback copy of the gradients (4 bytes/param) over 16 "
+                                        "bytes/param of weights, grads and AdamW state, less with activations")),
+                  note="biased compression corrected over steps by error feedback: compare loss curves"),
+    ))

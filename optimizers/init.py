@@ -19,11 +19,27 @@ initial loss. Draws use torch's global generator: the same seed gives the same w
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 from torch import nn
 
 from optimizers.base import Optimization, SetupContext, TrainSetup
-from optimizers.config import InitConfig
+from optimizers.bottlenecks import Bottleneck
+from optimizers.config import Section
+
+
+@dataclass
+class InitConfig(Section):
+    KEY: ClassVar[str] = "switches.init"
+    scheme: str = "normal"
+    """normal (N(0, std), as HF GLM), xavier (Glorot uniform), he (Kaiming normal, fan_in)."""
+    std: float = 0.02
+
+    def __post_init__(self) -> None:
+        self.check_choice("scheme", ["normal", "xavier", "he"])
+        self.check_range("std", lo=0.0, lo_open=True)
 
 
 def _is_norm(module: nn.Module) -> bool:
@@ -69,9 +85,10 @@ def apply_init(setup: TrainSetup, cfg: InitConfig, ctx: SetupContext) -> None:
 
 OPTIMIZATION = Optimization(
     name="init",
+    config=InitConfig,
     apply=apply_init,
     enabled=lambda c: c != InitConfig(),
-    addresses=("unstable",),
+    addresses=(Bottleneck.UNSTABLE,),
     effect="changes the starting point: the initial loss and how fast and stably it falls, not the "
            "cost of a step",
     cost="none per step (one pass over the weights at start)",

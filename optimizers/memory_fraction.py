@@ -10,10 +10,26 @@ speed and no numerics; the memory it leaves free is what the other processes gai
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
 import torch
 
 from optimizers.base import Optimization, SetupContext, TrainSetup
-from optimizers.config import MemoryFractionConfig, SwitchesConfig
+from optimizers.config import Section
+
+if TYPE_CHECKING:
+    from optimizers.catalog import SwitchesConfig
+
+
+@dataclass
+class MemoryFractionConfig(Section):
+    KEY: ClassVar[str] = "switches.memory_fraction"
+    fraction: float = 0.0
+    """CUDA per-process memory cap as a share of device memory (0 = no cap)."""
+
+    def __post_init__(self) -> None:
+        self.check_range("fraction", lo=0.0, hi=1.0)
 
 
 def apply_memory_fraction(setup: TrainSetup, cfg: MemoryFractionConfig, ctx: SetupContext) -> None:
@@ -36,6 +52,7 @@ def _check_cuda(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
 
 OPTIMIZATION = Optimization(
     name="memory_fraction",
+    config=MemoryFractionConfig,
     apply=apply_memory_fraction,
     enabled=lambda c: c.fraction > 0,
     addresses=(),

@@ -8,13 +8,68 @@ plateau schedule needs the loss, which costs a device sync per step; the others 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 from optimizers.base import Optimization, SetupContext, TrainSetup
-from optimizers.config import LrScheduleConfig, OptimizerConfig, SwitchesConfig
+from optimizers.bottlenecks import Bottleneck
+from optimizers.config import Section
+from optimizers.facts import Candidate, Effect
+
+if TYPE_CHECKING:
+    from optimizers.catalog import SwitchesConfig
+
+
+@dataclass
+class OptimizerConfig(Section):
+    KEY: ClassVar[str] = "switches.optimizer"
+    name: str = "adamw"
+    """adamw, sgd (with momentum), rmsprop, adagrad."""
+    impl: str = "auto"
+    """auto (torch's default), forloop, foreach (multi-tensor), fused (where torch has it)."""
+    weight_decay: float = 0.1
+    """Decoupled for adamw; L2 for the others. Not applied to norms and biases."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    momentum: float = 0.9
+    """sgd and rmsprop only."""
+
+    def __post_init__(self) -> None:
+        self.check_choice("name", ["adamw", "sgd", "rmsprop", "adagrad"])
+        self.check_choice("impl", ["auto", "forloop", "foreach", "fused"])
+        self.check_range("weight_decay", lo=0.0)
+        self.check_range("beta1", lo=0.0, hi=1.0, hi_open=True)
+        self.check_range("beta2", lo=0.0, hi=1.0, hi_open=True)
+        self.check_range("eps", lo=0.0, lo_open=True)
+        self.check_range("momentum", lo=0.0, hi=1.0, hi_open=True)
+
+
+@dataclass
+class LrScheduleConfig(Section):
+    KEY: ClassVar[str] = "switches.lr_schedule"
+    name: str = "cosine"
+    """constant, cosine (to min_lr_ratio * lr at the last step), step (x gamma every step_size),
+    plateau (x factor when the loss stalls for patience steps)."""
+    warmup_steps: int = 10
+    """Linear warmup from lr/warmup_steps to lr over the first N optimizer steps (0 = none)."""
+    min_lr_ratio: float = 0.1
+    step_size: int = 100
+    gamma: float = 0.5
+    plateau_patience: int = 10
+    plateau_factor: float = 0.5
+
+    def __post_init__(self) -> None:
+        self.check_choice("name", ["constant", "cosine", "step", "plateau"])
+        self.check_range("warmup_steps", lo=0)
+        self.check_range("min_lr_ratio", lo=0.0, hi=1.0)
+        self.check_range("step_size", lo=1)
+        self.check_range("gamma", lo=0.0, hi=1.0, lo_open=True)
+        self.check_range("plateau_patience", lo=1)
+        self.check_range("plateau_factor", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
 
 _CLASSES: dict[str, type[torch.optim.Optimizer]] = {
     "adamw": torch.optim.AdamW,
@@ -137,18 +192,30 @@ def _check_fused(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
 
 
 OPTIMIZER = Optimization(
-    name="optimizer", apply=apply_optimizer,
+    name="optimizer", config=OptimizerConfig, apply=apply_optimizer,
     enabled=lambda c: c.name != "adamw" or c.impl != "auto",
-    addresses=("optimizer_bound",),
+    addresses=(Bottleneck.OPTIMIZER_BOUND,),
     effect="foreach/fused implementations cut the optimizer step's kernel launches from one per "
            "parameter to a few",
     cost="fused AdamW keeps the same state; sgd/rmsprop/adagrad change convergence, not only speed",
     risk="a different optimizer needs its own lr; compare loss curves, not only step time",
-    source="000 4.1; 004 4.3", checks=(_check_fused,))
+    source="000 4.1; 004 4.3", checks=(_check_fused,), always=True,
+    # fused only: foreach measured -1% of the optimizer phase on CPU (optimizer impl=foreach row), and
+    # on CUDA `auto` already picks foreach
+    candidates=(
+        Candidate(set={"switches.optimizer.impl": "fused"},
+                  applies=lambda c: c.name in _FUSED and c.impl != "fused",
+                  effects=(Effect("optimizer", "shrinks", 0.3, 0.6,
+                                  basis="optimizer impl=fused row: optimizer phase -45% vs the for-loop"),)),
+    ))
 
 LR_SCHEDULE = Optimization(
-    name="lr_schedule", apply=apply_lr_schedule, enabled=lambda c: c.name != "cosine",
-    addresses=("unstable", "plateau"),
+    name="lr_schedule", config=LrScheduleConfig, apply=apply_lr_schedule, enabled=lambda c: c.name != "cosine",
+    addresses=(Bottleneck.UNSTABLE,),
     effect="warmup avoids early loss spikes; decay lowers the final loss",
     cost="none per step (plateau reads the loss every step: one device sync)",
-    risk="too short a warmup or too high a peak lr diverges", source="000 4.1; 004 4.3")
+    risk="too short a warmup or too high a peak lr diverges", source="000 4.1; 004 4.3", always=True,
+    candidates=(
+        Candidate(set={"switches.lr_schedule.warmup_steps": lambda warmup: max(2 * warmup, 10)}, effects=(),
+                  risk="convergence", note="early loss spikes: a longer warmup; no effect on step time"),
+    ))

@@ -9,10 +9,36 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from optimizers.base import Optimization, SetupContext, TrainSetup
-from optimizers.config import StabilityConfig
+from optimizers.bottlenecks import Bottleneck
+from optimizers.config import Section
+from optimizers.facts import Candidate
+
+
+@dataclass
+class StabilityConfig(Section):
+    KEY: ClassVar[str] = "switches.stability"
+    clip_grad_norm: float = 1.0
+    """Clip the global gradient L2 norm to this value (0 = no clipping; the norm is still measured)."""
+    nan_guard: str = "skip"
+    """off; skip (drop the optimizer step when loss or gradients are NaN/Inf); stop (save a debug
+    checkpoint with the batch and stop the run)."""
+    spike_factor: float = 3.0
+    """A loss above this multiple of the running median is recorded as a spike event."""
+    window: int = 20
+    """Steps in the running window for spike and plateau detection."""
+    plateau_min_delta: float = 1e-4
+    """A plateau event fires when the loss improved less than this over the window."""
+
+    def __post_init__(self) -> None:
+        self.check_range("clip_grad_norm", lo=0.0)
+        self.check_choice("nan_guard", ["off", "skip", "stop"])
+        self.check_range("spike_factor", lo=1.0, lo_open=True)
+        self.check_range("window", lo=2)
+        self.check_range("plateau_min_delta", lo=0.0)
 
 
 class LossWatch:
@@ -51,10 +77,17 @@ def apply_stability(setup: TrainSetup, cfg: StabilityConfig, ctx: SetupContext) 
 
 
 STABILITY = Optimization(
-    name="stability", apply=apply_stability,
+    name="stability", config=StabilityConfig, apply=apply_stability,
     enabled=lambda c: c != StabilityConfig(),
-    addresses=("unstable",),
+    addresses=(Bottleneck.UNSTABLE,),
     effect="clipping bounds the update after a bad batch; the guard keeps one NaN from ending a run",
     cost="the guard reads the loss every step (one device sync); clipping one extra pass over grads",
     risk="clipping too low slows learning; skip can hide a real divergence (watch skipped steps)",
-    source="000 4.4")
+    source="000 4.4", always=True,
+    candidates=(
+        Candidate(set={"switches.stability.clip_grad_norm": 1.0}, applies=lambda c: c.clip_grad_norm == 0,
+                  effects=(), risk="convergence", note="bounds the update after a bad batch"),
+        Candidate(set={"switches.stability.nan_guard": "skip"}, applies=lambda c: c.nan_guard == "off",
+                  effects=(), note="drops a step with a NaN/Inf loss or gradient instead of training on it; "
+                                   "one device sync per step"),
+    ))

@@ -6,19 +6,21 @@ from __future__ import annotations
 import pytest
 import torch
 
+from optimizers import SwitchesConfig
 from optimizers.attention import (
     ATTENTION,
     OPTIMIZATION,
+    AttentionConfig,
     _check_objective,
     apply_attention,
     eager_attention,
     linear_attention,
     sdpa_attention,
 )
-from optimizers.base import SetupContext, TrainSetup
-from optimizers.config import AttentionConfig, SwitchesConfig
+from optimizers.base import TrainSetup
 from reference_model.config import model_config
 from reference_model.model import GLMForCausalLM
+from tests.contexts import context
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -111,7 +113,7 @@ def test_linear_keeps_dtype_and_gradients():
 def test_apply_attention_sets_every_block(impl):
     model = GLMForCausalLM(model_config("tiny", num_hidden_layers=3))
     setup = TrainSetup(model=model)
-    apply_attention(setup, AttentionConfig(impl=impl), SetupContext())
+    apply_attention(setup, AttentionConfig(impl=impl), context())
     assert all(block.self_attn.attention_fn is ATTENTION[impl] for block in model.blocks)
     assert any(note.startswith("attention:") and impl in note for note in setup.notes)
     assert OPTIMIZATION.enabled(AttentionConfig(impl=impl)) == (impl != "sdpa")
@@ -120,8 +122,8 @@ def test_apply_attention_sets_every_block(impl):
 def test_check_objective():
     linear = SwitchesConfig(attention=AttentionConfig(impl="linear"))
     sdpa = SwitchesConfig(attention=AttentionConfig(impl="sdpa"))
-    reason = _check_objective(linear, SetupContext(objective="blank_infilling"))
+    reason = _check_objective(linear, context(objective="blank_infilling"))
     assert reason and "causal" in reason
-    assert _check_objective(linear, SetupContext(objective="causal")) is None
-    assert _check_objective(sdpa, SetupContext(objective="blank_infilling")) is None
+    assert _check_objective(linear, context(objective="causal")) is None
+    assert _check_objective(sdpa, context(objective="blank_infilling")) is None
     assert _check_objective in OPTIMIZATION.checks

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from functools import reduce
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from optimizers import REGISTRY, Candidate, Capability
 from optimizers.config import ConfigError
-from profiler.config import load_config, shipped_presets
+from profiler.config import RunConfig, load_config, shipped_presets
 
 
 def test_shipped_presets_load() -> None:
@@ -42,7 +47,8 @@ def test_yaml_file_then_overrides(tmp_path: Path) -> None:
     (["train.steps=-1"], "train.steps", "[1, inf]"),
     (["data.corpus=/no/such/dir/*.txt"], "data.corpus", "stdlib, synthetic"),
     (["switches.amp=fp8"], "switches.amp.dtype", "off, bf16, fp16"),
-    (["switches.nope=1"], "switches.nope", "allowed: amp"),
+    (["switches.nope=1"], "switches.nope", f"allowed: {', '.join(REGISTRY.names())}"),
+    (["switches.amp.nope=1"], "switches.amp.nope", "allowed: dtype, init_scale, growth_interval"),
     (["train.batch_size=two"], "train.batch_size", "expected int"),
     (["switches.memory_fraction=0.5"], "switches.memory_fraction", "cpu"),
     (["switches.attention=linear", "data.objective=blank_infilling"], "switches.attention", "causal"),
@@ -64,3 +70,34 @@ def test_unreadable_config_file(tmp_path: Path) -> None:
     bad.write_text("model: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(config=bad)
+
+
+def test_every_switch_takes_its_primary_field_shorthand_and_full_keys() -> None:
+    """`_set_path` reads the derived SwitchesConfig's type hints: every registered switch resolves."""
+    for opt in REGISTRY:
+        primary = dataclasses.fields(opt.config)[0]
+        default = getattr(opt.config(), primary.name)
+        for key in (f"switches.{opt.name}", f"switches.{opt.name}.{primary.name}"):
+            cfg = load_config(preset="tiny", overrides=[f"{key}={json.dumps(default)}"])
+            assert getattr(cfg.switches, opt.name) == opt.config(), key
+
+
+def _current(cfg: RunConfig, key: str) -> Any:
+    return reduce(getattr, key.split("."), cfg)
+
+
+CANDIDATES = [pytest.param(opt.name, c, id=f"{opt.name}-{i}") for opt in REGISTRY for i, c in enumerate(opt.candidates)]
+
+
+@pytest.mark.parametrize(("name", "candidate"), CANDIDATES)
+def test_every_candidate_sets_real_keys_to_valid_values(name: str, candidate: Candidate) -> None:
+    default = load_config(preset="tiny")
+    for key in candidate.set:
+        assert not dataclasses.is_dataclass(_current(default, key)), f"{key} is a section, not a value"
+    values = candidate.resolve(lambda key: _current(default, key))
+    nproc = 2 if Capability.SEVERAL_RANKS in candidate.requires else 1
+    cfg = load_config(preset="tiny", overrides=[f"{key}={json.dumps(value)}" for key, value in values.items()],
+                      nproc=nproc)
+    assert all(_current(cfg, key) == value for key, value in values.items())
+    if candidate.applies(getattr(default.switches, name)):
+        assert cfg != default, "a candidate that applies must change the config"

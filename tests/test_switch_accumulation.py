@@ -7,16 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from optimizers.config import SwitchesConfig, build_section
+from optimizers import SwitchesConfig
+from optimizers.config import build_section
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.trainer import StepRecord, Trainer, TrainerHook
 
 
 class GradsBeforeStep(TrainerHook):
     """Copies every gradient when the optimizer phase starts (before unscale, clipping and the update)."""
-
-    def on_train_start(self, trainer: Trainer) -> None:
-        self.trainer = trainer
 
     def on_phase_start(self, step: int, phase: str) -> None:
         if phase == "optimizer":
@@ -31,7 +29,7 @@ def make_trainer(tmp_path: Path, *, batch_size: int, accumulation: int,
                       train_cfg=TrainConfig(batch_size=batch_size, steps=1, device="cpu"),
                       switches=build_section(SwitchesConfig, {"grad_accumulation": accumulation}, "switches"),
                       hooks=[hook], run_dir=tmp_path)
-    hook.on_train_start(trainer)  # train_step is called directly below, without fit()
+    hook.trainer = trainer
     return trainer, hook
 
 

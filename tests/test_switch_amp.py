@@ -7,12 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from optimizers.amp import OPTIMIZATION, apply_amp
-from optimizers.base import SetupContext, TrainSetup
-from optimizers.config import AmpConfig, SwitchesConfig, build_section
+from optimizers import SwitchesConfig
+from optimizers.amp import OPTIMIZATION, AmpConfig, apply_amp
+from optimizers.base import TrainSetup
+from optimizers.config import build_section
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.model import GLMForCausalLM
 from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from tests.contexts import context
 
 # constant lr, no warmup: the loss moves enough in a few steps for the comparison to mean something
 _FAST = {"lr_schedule": {"name": "constant", "warmup_steps": 0}}
@@ -69,9 +71,6 @@ class InfOnStep(TrainerHook):
         self.records: list[StepRecord] = []
         self.changed: dict[int, bool] = {}
 
-    def on_train_start(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-
     def on_step_start(self, step: int) -> None:
         self.before = [p.detach().clone() for p in self.trainer.model.parameters()]
 
@@ -88,7 +87,8 @@ class InfOnStep(TrainerHook):
 
 def test_fp16_skips_a_step_with_inf_gradients_and_lowers_the_scale(tmp_path: Path) -> None:
     hook = InfOnStep(bad=1)
-    make_trainer(tmp_path, {"amp": {"dtype": "fp16", "init_scale": 1024.0}}, steps=3, hooks=[hook]).fit()
+    hook.trainer = make_trainer(tmp_path, {"amp": {"dtype": "fp16", "init_scale": 1024.0}}, steps=3, hooks=[hook])
+    hook.trainer.fit()
     assert [r.skipped for r in hook.records] == [False, True, False]
     assert hook.changed == {0: True, 1: False, 2: True}  # the bad step left every weight as it was
     assert [r.loss_scale for r in hook.records] == [1024.0, 512.0, 512.0]  # backoff factor 0.5
@@ -96,18 +96,18 @@ def test_fp16_skips_a_step_with_inf_gradients_and_lowers_the_scale(tmp_path: Pat
 
 def test_apply_builds_the_scaler_from_the_config() -> None:
     setup = TrainSetup(model=GLMForCausalLM(model_config("tiny")))
-    apply_amp(setup, AmpConfig(dtype="fp16", init_scale=256.0, growth_interval=7), SetupContext())
+    apply_amp(setup, AmpConfig(dtype="fp16", init_scale=256.0, growth_interval=7), context())
     assert setup.autocast_dtype is torch.float16
     assert setup.scaler.get_scale() == 256.0 and setup.scaler.get_growth_interval() == 7
     bf16 = TrainSetup(model=GLMForCausalLM(model_config("tiny")))
-    apply_amp(bf16, AmpConfig(dtype="bf16"), SetupContext())
+    apply_amp(bf16, AmpConfig(dtype="bf16"), context())
     assert bf16.autocast_dtype is torch.bfloat16 and bf16.scaler is None  # bf16 has fp32's range
 
 
 def _check(dtype: str, device: str) -> str | None:
     switches = build_section(SwitchesConfig, {"amp": dtype}, "switches")
     (check,) = OPTIMIZATION.checks
-    return check(switches, SetupContext(device=torch.device(device)))
+    return check(switches, context(device=torch.device(device)))
 
 
 def test_checks_refuse_what_cannot_run() -> None:

@@ -8,11 +8,12 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from optimizers.base import SetupContext
+from optimizers import SwitchesConfig
 from optimizers.compile import OPTIMIZATION
-from optimizers.config import SwitchesConfig, build_section
+from optimizers.config import build_section
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from tests.contexts import context
 
 
 class Records(TrainerHook):
@@ -52,7 +53,7 @@ def test_block_compile_matches_eager(tmp_path: Path) -> None:
 def test_check_needs_the_toolchain(monkeypatch: pytest.MonkeyPatch) -> None:
     switches = build_section(SwitchesConfig, {"compile": "default"}, "switches")
     (check,) = OPTIMIZATION.checks
-    cpu = SetupContext(device=torch.device("cpu"))
+    cpu = context(device=torch.device("cpu"))
     assert check(switches, cpu) is None  # g++ is on this machine: the compile test above needs it
     monkeypatch.setattr("shutil.which", lambda name: None)
     assert "C++ compiler" in check(switches, cpu)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from optimizers import SetupContext, TrainSetup
-from optimizers.config import DataLoaderConfig, SwitchesConfig, build_section
-from optimizers.dataloader import apply_dataloader, loader_options
+from optimizers import SwitchesConfig, TrainSetup
+from optimizers.config import build_section
+from optimizers.dataloader import DataLoaderConfig, apply_dataloader, loader_options
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.model import GLMForCausalLM
 from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from tests.contexts import context
 
 STEPS = 10
 
@@ -24,7 +25,7 @@ def test_worker_only_options_are_passed_only_with_workers() -> None:
 
 def test_useless_settings_are_allowed_and_said() -> None:
     setup = TrainSetup(model=GLMForCausalLM(model_config("tiny")))
-    apply_dataloader(setup, DataLoaderConfig(pin_memory=True, prefetch_factor=4), SetupContext())
+    apply_dataloader(setup, DataLoaderConfig(pin_memory=True, prefetch_factor=4), context())
     assert setup.loader_options == {"num_workers": 0, "pin_memory": True}
     note = " ".join(setup.notes)
     assert "pin_memory on a CPU device" in note and "ignored without workers" in note

@@ -19,15 +19,16 @@ from typing import Any
 import pytest
 import torch
 
-from optimizers import ConfigError, SetupContext, SwitchesConfig, TrainSetup, check_all
+from optimizers import Bottleneck, ConfigError, SwitchesConfig, TrainSetup, check_all
 from optimizers.base import Registry
 from optimizers.checkpointing import OPTIMIZATION as CHECKPOINT
-from optimizers.checkpointing import apply_checkpointing
-from optimizers.config import CheckpointConfig, DdpConfig, build_section
-from optimizers.ddp import TIMEOUT_ENV, CommStats, apply_ddp, gloo_all_reduces
+from optimizers.checkpointing import CheckpointConfig, apply_checkpointing
+from optimizers.config import build_section
+from optimizers.ddp import TIMEOUT_ENV, DdpConfig, apply_ddp, gloo_all_reduces
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.model import GLMForCausalLM
 from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from tests.contexts import context
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "ddp_worker.py"
@@ -37,14 +38,16 @@ BF16_OVER_GLOO = gloo_all_reduces(torch.bfloat16)
 HOOKS = ["none", "fp16", "powersgd"] + (["bf16"] if BF16_OVER_GLOO else [])
 
 
-def _scenario(name: str, switches: dict[str, Any], batch_size: int = 2) -> dict[str, Any]:
-    return {"name": name, "switches": switches, "steps": STEPS, "batch_size": batch_size}
+def _scenario(name: str, switches: dict[str, Any], batch_size: int = 2, record: bool = True) -> dict[str, Any]:
+    return {"name": name, "switches": switches, "steps": STEPS, "batch_size": batch_size, "record": record}
 
 
 SCENARIOS = [
     _scenario("default", {}),  # what `torchrun ... profile-run` gets without any ddp key
     *[_scenario(hook, {"ddp": {"comm_hook": hook, "bucket_cap_mb": SMALL}}) for hook in HOOKS],
     _scenario("accumulate", {"ddp": {"bucket_cap_mb": SMALL}, "grad_accumulation": 2}),
+    # torch's hook registered bare (no profiler); bf16's is renamed past DDP's by-name refusal
+    _scenario("unrecorded", {"ddp": {"comm_hook": HOOKS[-1], "bucket_cap_mb": SMALL}}, record=False),
 ]
 
 
@@ -102,7 +105,7 @@ def test_two_ranks_of_batch_2_train_like_one_process_of_batch_4(ranks: list[dict
             switches=build_section(SwitchesConfig, {}, "switches"), hooks=[losses], run_dir=tmp_path).fit()
     r0, r1 = (r["default"] for r in ranks)
     assert r0["wrapped"] and r1["wrapped"], \
-        "DDP was not applied at default switches on 2 ranks: optimizers.catalog.ALWAYS must include 'ddp'"
+        "DDP was not applied at default switches on 2 ranks: the ddp record must say always=True"
     per_rank = [[s["loss"] for s in r["steps"]] for r in (r0, r1)]
     assert per_rank[0][0] != pytest.approx(per_rank[1][0], abs=1e-3)  # each rank sees its own half
     mean = [(a + b) / 2 for a, b in zip(*per_rank, strict=True)]
@@ -140,6 +143,13 @@ def test_accumulation_all_reduces_only_the_last_micro_batch(ranks: list[dict]) -
             assert accumulated[step]["comm"]["bytes"] == plain[step]["comm"]["bytes"]
 
 
+def test_recording_the_all_reduces_changes_no_loss(ranks: list[dict]) -> None:
+    for results in ranks:
+        bare, recorded = results["unrecorded"], results[HOOKS[-1]]
+        assert bare["wrapped"] and all(s["comm"] is None for s in bare["steps"])
+        assert [s["loss"] for s in bare["steps"]] == [s["loss"] for s in recorded["steps"]]
+
+
 def test_a_dead_rank_fails_the_launch_and_is_named(tmp_path: Path) -> None:
     code, output = torchrun(tmp_path, [_scenario("none", {"ddp": {"bucket_cap_mb": SMALL}})],
                             GLMPERF_TEST_DIE_RANK="1", GLMPERF_TEST_DIE_STEP="2")
@@ -161,7 +171,7 @@ def test_a_silent_rank_times_the_others_out(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# In-process: checks, the single-process path, the counters, the checkpoint switch
+# In-process: checks, the single-process path, the checkpoint switch
 
 
 @pytest.mark.parametrize(("ddp", "world_size", "reason"), [
@@ -174,21 +184,21 @@ def test_checks_refuse_what_cannot_run_here(ddp: Any, world_size: int, reason: s
         pytest.skip("this machine has CUDA")
     switches = build_section(SwitchesConfig, {"ddp": ddp}, "switches")
     with pytest.raises(ConfigError, match=re.escape(reason)) as err:
-        check_all(switches, SetupContext(world_size=world_size))
+        check_all(switches, context(world_size=world_size))
     assert err.value.key == "switches.ddp"
 
 
 def test_bad_timeout_is_refused_at_config_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TIMEOUT_ENV, "soon")
     with pytest.raises(ConfigError, match=f"{TIMEOUT_ENV}: got 'soon'"):
-        check_all(SwitchesConfig(), SetupContext(world_size=2))
-    check_all(SwitchesConfig(), SetupContext(world_size=1))  # one process never waits on a peer
+        check_all(SwitchesConfig(), context(world_size=2))
+    check_all(SwitchesConfig(), context(world_size=1))  # one process never waits on a peer
 
 
 def test_bf16_hook_follows_what_gloo_can_all_reduce(monkeypatch: pytest.MonkeyPatch) -> None:
     assert gloo_all_reduces(torch.float32)
     bf16 = build_section(SwitchesConfig, {"ddp": "bf16"}, "switches")
-    ctx = SetupContext(world_size=2)
+    ctx = context(world_size=2)
     if BF16_OVER_GLOO:
         check_all(bf16, ctx)  # and the 2-rank launch ran the bf16 scenario
     monkeypatch.setattr("optimizers.ddp.gloo_all_reduces", lambda dtype: dtype != torch.bfloat16)
@@ -199,28 +209,15 @@ def test_bf16_hook_follows_what_gloo_can_all_reduce(monkeypatch: pytest.MonkeyPa
 def test_one_process_is_left_alone() -> None:
     model = GLMForCausalLM(model_config("tiny"))
     setup = TrainSetup(model=model)
-    apply_ddp(setup, DdpConfig(), SetupContext(world_size=1))
-    assert setup.model is model and setup.no_sync is None and setup.comm_stats is None
-
-
-def test_comm_stats_union_of_spans_and_exposed_tail() -> None:
-    stats = CommStats(hook="none", device=torch.device("cpu"))
-    for launch, done, nbytes in [(0.0, 0.5, 100), (0.2, 0.6, 100), (0.9, 1.0, 50)]:
-        stats.completed(bucket := stats.launched(calls=1, nbytes=nbytes, at=launch))
-        bucket.done = done
-    step = stats.take_step()
-    assert step["time_s"] == pytest.approx(0.7)  # [0, 0.6] and [0.9, 1.0]
-    assert step["exposed_s"] == pytest.approx(0.1)  # last launch at 0.9, all done at 1.0
-    assert (step["calls"], step["buckets"], step["bytes"]) == (3, 3, 250)
-    assert step["bandwidth"] == pytest.approx(250 / 0.7)
-    assert stats.take_step()["calls"] == 0
+    apply_ddp(setup, DdpConfig(), context(world_size=1))
+    assert setup.model is model and setup.no_sync is None and setup.notes == []
 
 
 def test_checkpoint_switch_notes_its_policy_and_registers() -> None:
     setup = TrainSetup(model=GLMForCausalLM(model_config("tiny")))
-    apply_checkpointing(setup, CheckpointConfig(every=50, keep=2, resume=True), SetupContext())
+    apply_checkpointing(setup, CheckpointConfig(every=50, keep=2, resume=True), context())
     assert setup.notes == ["checkpoint: save every 50 steps on rank 0, keep the last 2; "
                            "dir <run dir>/checkpoints; resume from the newest good checkpoint"]
     Registry().register(CHECKPOINT)
-    assert CHECKPOINT.addresses == ("checkpoint_io_bound",)
+    assert CHECKPOINT.addresses == (Bottleneck.CHECKPOINT_BOUND,)
     assert CHECKPOINT.enabled(CheckpointConfig(every=10)) and not CHECKPOINT.enabled(CheckpointConfig())

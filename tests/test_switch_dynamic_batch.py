@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 import torch
 
-from optimizers import SetupContext, check_all
-from optimizers.config import ConfigError, SwitchesConfig, build_section
+from optimizers import SwitchesConfig, check_all
+from optimizers.config import ConfigError, build_section
 from optimizers.dynamic_batch import LatencyController, find_fitting_batch, measure_peak_bytes
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.model import GLMForCausalLM
-from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from reference_model.trainer import StepRecord, Trainer, TrainerHook, setup_context
+from tests.contexts import context
 
 CFG = model_config("tiny")
 CPU = torch.device("cpu")
@@ -57,10 +58,12 @@ class Watch(TrainerHook):
 
 def trainer(tmp_path: Path, dynamic: dict[str, Any], *, steps: int, batch_size: int = 4, seq_len: int = 32,
             memory_budget_bytes: int | None = None, hook: TrainerHook | None = None) -> Trainer:
-    return Trainer(model_cfg=CFG, data_cfg=DataConfig(corpus=["synthetic"], seq_len=seq_len),
-                   train_cfg=TrainConfig(batch_size=batch_size, steps=steps, device="cpu"),
+    data_cfg = DataConfig(corpus=["synthetic"], seq_len=seq_len)
+    train_cfg = TrainConfig(batch_size=batch_size, steps=steps, device="cpu")
+    return Trainer(model_cfg=CFG, data_cfg=data_cfg, train_cfg=train_cfg,
                    switches=build_section(SwitchesConfig, {"dynamic_batch": dynamic}, "switches"),
-                   hooks=[hook] if hook else [], run_dir=tmp_path, memory_budget_bytes=memory_budget_bytes)
+                   hooks=[hook] if hook else [], run_dir=tmp_path,
+                   ctx=setup_context(train_cfg, data_cfg, memory_budget_bytes=memory_budget_bytes))
 
 
 def test_trainer_shrinks_the_batch_when_every_step_misses_the_target(tmp_path: Path) -> None:
@@ -76,7 +79,7 @@ def test_trainer_shrinks_the_batch_when_every_step_misses_the_target(tmp_path: P
 def test_latency_mode_is_refused_under_ddp() -> None:
     switches = build_section(SwitchesConfig, {"dynamic_batch": "latency"}, "switches")
     with pytest.raises(ConfigError, match="switches.dynamic_batch"):
-        check_all(switches, SetupContext(world_size=2))
+        check_all(switches, context(world_size=2))
 
 
 def test_finder_doubles_then_bisects_and_treats_oom_as_not_fitting() -> None:
@@ -120,7 +123,7 @@ def test_fit_finds_the_largest_batch_under_a_measured_budget() -> None:
 
 
 def test_fit_mode_starts_the_trainer_at_the_found_batch(tmp_path: Path) -> None:
-    seq_len = 64  # TODO(integration): any seq_len once SetupContext carries it
+    seq_len = 48  # not DataConfig's default: the trials must use the run's sequence length
     model = GLMForCausalLM(CFG)
     budget = int(measure_peak_bytes(model, 6, seq_len, CFG.vocab_size, CPU, None) / 0.9) + 1
     watch = Watch()

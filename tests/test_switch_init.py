@@ -8,17 +8,17 @@ import pytest
 import torch
 from torch import nn
 
-from optimizers.base import SetupContext, TrainSetup
-from optimizers.config import InitConfig
-from optimizers.init import OPTIMIZATION, apply_init
+from optimizers.base import TrainSetup
+from optimizers.init import OPTIMIZATION, InitConfig, apply_init
 from reference_model.config import model_config
 from reference_model.model import GLMForCausalLM, RMSNorm
+from tests.contexts import context
 
 
 def initialized(scheme: str, std: float = 0.02, seed: int = 0) -> GLMForCausalLM:
     model = GLMForCausalLM(model_config("tiny"))
     torch.manual_seed(seed)
-    apply_init(TrainSetup(model=model), InitConfig(scheme=scheme, std=std), SetupContext())
+    apply_init(TrainSetup(model=model), InitConfig(scheme=scheme, std=std), context())
     return model
 
 
@@ -48,7 +48,7 @@ def test_embeddings_norms_and_biases() -> None:
         for p in [m.weight for m in norms] + biases:
             p.fill_(3.0)
     torch.manual_seed(0)
-    apply_init(TrainSetup(model=model), InitConfig(scheme="he", std=0.05), SetupContext())
+    apply_init(TrainSetup(model=model), InitConfig(scheme="he", std=0.05), context())
     embedding = model.model.embed_tokens.weight
     assert abs(embedding.std().item() / 0.05 - 1) < 0.05  # N(0, std) whatever the scheme
     assert norms and all(torch.equal(m.weight, torch.ones_like(m.weight)) for m in norms)

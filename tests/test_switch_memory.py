@@ -8,21 +8,21 @@ import pytest
 import torch
 from torch import nn
 
-from optimizers.activation_checkpointing import apply_activation_checkpointing, is_checkpointed
-from optimizers.base import SetupContext, TrainSetup
-from optimizers.catalog import check_all
-from optimizers.config import (
+from optimizers import SwitchesConfig
+from optimizers.activation_checkpointing import (
     ActivationCheckpointingConfig,
-    ConfigError,
-    MemoryFractionConfig,
-    SwitchesConfig,
-    build_section,
+    apply_activation_checkpointing,
+    is_checkpointed,
 )
-from optimizers.memory_fraction import apply_memory_fraction
+from optimizers.base import TrainSetup
+from optimizers.catalog import check_all
+from optimizers.config import ConfigError, build_section
+from optimizers.memory_fraction import MemoryFractionConfig, apply_memory_fraction
 from reference_model.config import model_config
 from reference_model.model import GLMForCausalLM
+from tests.contexts import context
 
-CUDA = SetupContext(device=torch.device("cuda"))  # a context only: nothing here touches a GPU
+CUDA = context(device=torch.device("cuda"))  # a context only: nothing here touches a GPU
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def base() -> GLMForCausalLM:
 def checkpointed(model: nn.Module, mode: str, every: int = 2) -> nn.Module:
     model = copy.deepcopy(model)
     cfg = ActivationCheckpointingConfig(mode=mode, every=every)
-    apply_activation_checkpointing(TrainSetup(model=model), cfg, SetupContext())
+    apply_activation_checkpointing(TrainSetup(model=model), cfg, context())
     return model
 
 
@@ -96,7 +96,7 @@ def test_selective_picks_every_nth_and_wrapping_is_idempotent(base: GLMForCausal
     assert [is_checkpointed(b) for b in model.blocks] == [True, False, True, False]
     forward = model.blocks[0].forward
     apply_activation_checkpointing(TrainSetup(model=model), ActivationCheckpointingConfig(mode="full"),
-                                   SetupContext())
+                                   context())
     assert model.blocks[0].forward is forward  # not wrapped twice
     assert all(is_checkpointed(b) for b in model.blocks)
 
@@ -114,7 +114,7 @@ def test_a_shared_block_is_wrapped_once(base: GLMForCausalLM) -> None:
     model.model.layers = nn.ModuleList([shared, shared, shared, shared])  # ALBERT-style sharing
     setup = TrainSetup(model=model)
     apply_activation_checkpointing(setup, ActivationCheckpointingConfig(mode="selective", every=3),
-                                   SetupContext())
+                                   context())
     assert is_checkpointed(shared)
     assert shared.forward.args[0].__func__ is type(shared).forward  # wraps the plain forward, once
     assert "positions 0, 1, 2, 3 of 4 (1 distinct)" in setup.notes[-1]  # it runs everywhere
@@ -125,8 +125,8 @@ def test_a_shared_block_is_wrapped_once(base: GLMForCausalLM) -> None:
 def test_memory_fraction_is_refused_off_cuda() -> None:
     switches = build_section(SwitchesConfig, {"memory_fraction": 0.5}, "switches")
     with pytest.raises(ConfigError, match="memory_fraction caps CUDA memory; this run is on cpu"):
-        check_all(switches, SetupContext(device=torch.device("cpu")))
-    check_all(build_section(SwitchesConfig, {}, "switches"), SetupContext(device=torch.device("cpu")))
+        check_all(switches, context(device=torch.device("cpu")))
+    check_all(build_section(SwitchesConfig, {}, "switches"), context(device=torch.device("cpu")))
 
 
 def test_memory_fraction_zero_is_no_cap(monkeypatch: pytest.MonkeyPatch) -> None:

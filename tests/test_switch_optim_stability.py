@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from optimizers.config import LrScheduleConfig, OptimizerConfig, StabilityConfig, SwitchesConfig, build_section
-from optimizers.optim import build_optimizer, lr_factor
-from optimizers.stability import LossWatch
+from optimizers import SwitchesConfig
+from optimizers.config import build_section
+from optimizers.optim import LrScheduleConfig, OptimizerConfig, build_optimizer, lr_factor
+from optimizers.stability import LossWatch, StabilityConfig
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.model import GLMForCausalLM
 from reference_model.trainer import NonFiniteLossError, StepRecord, Trainer, TrainerHook

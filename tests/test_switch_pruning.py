@@ -7,13 +7,14 @@ from pathlib import Path
 
 import torch
 
-from optimizers import SetupContext, TrainSetup
-from optimizers.config import FfnPruningConfig, ParamSharingConfig, SwitchesConfig, build_section
-from optimizers.ffn_pruning import apply_ffn_pruning, channel_importance
-from optimizers.param_sharing import apply_param_sharing
+from optimizers import SwitchesConfig, TrainSetup
+from optimizers.config import build_section
+from optimizers.ffn_pruning import FfnPruningConfig, apply_ffn_pruning, channel_importance
+from optimizers.param_sharing import ParamSharingConfig, apply_param_sharing
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.model import GLMForCausalLM
 from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from tests.contexts import context
 
 CFG = model_config("tiny")
 I, D = CFG.intermediate_size, CFG.hidden_size  # 172, 64
@@ -27,7 +28,7 @@ def model(seed: int = 0) -> GLMForCausalLM:
 def pruned(original: GLMForCausalLM, mode: str, sparsity: float) -> GLMForCausalLM:
     copy = GLMForCausalLM(CFG)
     copy.load_state_dict(original.state_dict())
-    apply_ffn_pruning(TrainSetup(model=copy), FfnPruningConfig(mode=mode, sparsity=sparsity), SetupContext())
+    apply_ffn_pruning(TrainSetup(model=copy), FfnPruningConfig(mode=mode, sparsity=sparsity), context())
     return copy
 
 
@@ -90,8 +91,8 @@ def test_structured_keeps_the_function_of_the_kept_units() -> None:
 def test_structured_prunes_a_shared_block_once() -> None:
     shared = GLMForCausalLM(model_config("tiny", num_hidden_layers=4))
     setup = TrainSetup(model=shared)
-    apply_param_sharing(setup, ParamSharingConfig(mode="all"), SetupContext())
-    apply_ffn_pruning(setup, FfnPruningConfig(mode="structured", sparsity=0.5), SetupContext())
+    apply_param_sharing(setup, ParamSharingConfig(mode="all"), context())
+    apply_ffn_pruning(setup, FfnPruningConfig(mode="structured", sparsity=0.5), context())
     assert shared.blocks[3].mlp.down_proj.weight.shape == (D, I // 2)  # not pruned 4 times to I/16
 
 

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from optimizers import SetupContext, TrainSetup
-from optimizers.config import ParamSharingConfig, SwitchesConfig, build_section
-from optimizers.param_sharing import apply_param_sharing, owners
+from optimizers import SwitchesConfig, TrainSetup
+from optimizers.config import build_section
+from optimizers.param_sharing import ParamSharingConfig, apply_param_sharing, owners
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.model import GLMForCausalLM
 from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from tests.contexts import context
 
 CFG = model_config("tiny", num_hidden_layers=4)
 
@@ -23,7 +24,7 @@ def shared_model(mode: str, group_size: int = 2, seed: int = 0) -> GLMForCausalL
     torch.manual_seed(seed)
     model = GLMForCausalLM(CFG)
     apply_param_sharing(TrainSetup(model=model), ParamSharingConfig(mode=mode, group_size=group_size),
-                        SetupContext())
+                        context())
     return model
 
 
