@@ -81,6 +81,8 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
                     return False
                 raise ValueError(value)
             return bool(value)
+        if annotation in (int, float) and isinstance(value, bool):
+            raise ValueError(value)  # bool is an int in Python: `steps=true` is a mistake, not 1
         if annotation is int:
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError(value)

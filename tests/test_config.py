@@ -49,6 +49,9 @@ def test_yaml_file_then_overrides(tmp_path: Path) -> None:
     (["switches.amp=fp8"], "switches.amp.dtype", "off, bf16, fp16"),
     (["switches.nope=1"], "switches.nope", f"allowed: {', '.join(REGISTRY.names())}"),
     (["switches.amp.nope=1"], "switches.amp.nope", "allowed: dtype, init_scale, growth_interval"),
+    (["train.steps=true"], "train.steps", "got True; expected int"),  # bool is an int in Python, not here
+    (["train.lr=false"], "train.lr", "got False; expected float"),
+    (["switches.grad_accumulation=yes"], "switches.grad_accumulation.steps", "got True; expected int"),
     (["train.batch_size=two"], "train.batch_size", "expected int"),
     (["switches.memory_fraction=0.5"], "switches.memory_fraction", "cpu"),
     (["switches.attention=linear", "data.objective=blank_infilling"], "switches.attention", "causal"),
