@@ -1,4 +1,4 @@
-"""Shared helpers of the benchmarks: interleaved timing, medians, the CPU's matmul peak, markdown output.
+"""Shared helpers of the benchmarks: interleaved timing, medians, markdown output.
 
 Speed is only ever reported as a ratio of variants measured side by side in one process, one
 step of each in turn (interleaved), so that a noisy, shared machine slows every variant alike;
@@ -180,30 +180,3 @@ def interleaved(fns: dict[str, Callable[[], object]], *, warmup: int, rounds: in
             last = ", ".join(f"{n} {(times[n][-1] if times[n] else dt) * 1e3:.0f} ms" for n in names)
             print(f"  {tag} {r + 1}/{warmup + rounds}: {last}", file=sys.stderr, flush=True)
     return times
-
-
-def matmul_peak(dtype: torch.dtype, *, sizes: Sequence[int] = (1024, 2048, 3072), repeats: int = 5,
-                budget_s: float = 8.0, clock: Callable[[], float] = time.perf_counter) -> tuple[float, str]:
-    """The best FLOP/s of big square matmuls in `dtype` on this CPU: the denominator of MFU.
-
-    For each size: one untimed call (oneDNN picks and caches its kernel), then the best of
-    `repeats` timed calls; the best over sizes is returned with how it was found. A measured
-    peak, not a datasheet one: on a shared machine it is a lower bound of the true peak.
-    """
-    best, how = 0.0, ""
-    start = time.perf_counter()
-    for n in sizes:
-        a = torch.randn(n, n).to(dtype)
-        b = torch.randn(n, n).to(dtype)
-        torch.mm(a, b)
-        for _ in range(repeats):
-            t0 = clock()
-            torch.mm(a, b)
-            dt = clock() - t0
-            flops = 2.0 * n**3 / dt
-            if flops > best:
-                best, how = flops, f"{n}x{n} @ {n}x{n}"
-        if time.perf_counter() - start > budget_s:
-            break
-    name = str(dtype).replace("torch.", "")
-    return best, f"best of {repeats} {name} torch.mm per size, sizes {list(sizes)}; best at {how}"

@@ -12,7 +12,8 @@ B*(T-1) cross-entropies. The step-0 losses are compared as a parity check.
 
 One process, one step of each in turn (interleaved), medians over the steady rounds after warmup;
 the speed figure is the median over rounds of the per-round ratio. MFU divides the model FLOPs
-(PaLM appendix B, `GLMForCausalLM.flops_per_token`) by this CPU's measured matmul peak.
+(PaLM appendix B, `GLMForCausalLM.flops_per_token`) by this CPU's matmul peak as the profiler measures
+it (`profiler.device.calibrate`), so the figure is comparable with a profiled run's MFU.
 
     python -m benchmarks.peer_hf_glm            # full: shapes A and B, fp32 and bf16 (~6-7 min, 2 cores)
     python -m benchmarks.peer_hf_glm --quick    # shape A only, few rounds (~1 min)
@@ -34,15 +35,16 @@ from benchmarks.common import (
     fmt,
     header,
     interleaved,
-    matmul_peak,
     median,
     mode_label,
     paired_ratio,
     table,
     write_result,
 )
-from optimizers.config import LrScheduleConfig, OptimizerConfig, SwitchesConfig, build_section
-from optimizers.optim import build_optimizer, lr_factor
+from optimizers import SwitchesConfig
+from optimizers.config import build_section
+from optimizers.optim import LrScheduleConfig, OptimizerConfig, build_optimizer, lr_factor
+from profiler.device import calibrate
 from reference_model.config import DataConfig, GLMConfig, TrainConfig, model_config
 from reference_model.hf import to_hf_config
 from reference_model.model import IGNORE_INDEX, GLMForCausalLM
@@ -194,16 +196,18 @@ def profile_diff(fns: dict[str, Callable[[], None]], steps: int = 3, top: int = 
                   "ours - HF (ms)"], rows)
 
 
-def measure_peaks(quick: bool, clock: Callable[[], float]) -> dict[str, tuple[float, str]]:
+def measure_peaks(quick: bool) -> dict[str, tuple[float, str]]:
+    """(FLOP/s, how it was measured) of fp32 and bf16 matmuls on this CPU, the profiler's way."""
     peaks = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         print(f"measuring the {name} matmul peak ...", file=sys.stderr, flush=True)
-        peaks[name] = matmul_peak(dtype, repeats=3 if quick else 5, clock=clock)
+        found = calibrate(torch.device("cpu"), dtype, budget_s=1.0 if quick else 3.0)
+        peaks[name] = (found["flops"], found["source"])
     return peaks
 
 
 def run(args: argparse.Namespace) -> str:
-    peaks = measure_peaks(args.quick, args.clock)
+    peaks = measure_peaks(args.quick)
     rows, profiles, mfu_at = [], [], []
     for shape in args.shapes:
         s = dict(SHAPES[shape])
@@ -237,7 +241,7 @@ def run(args: argparse.Namespace) -> str:
                                 f"{profile_diff(fns)}")
             del fns, losses, trainer
     # the best of a measurement before and after the runs: a busy moment lowers one of them
-    again = measure_peaks(args.quick, args.clock)
+    again = measure_peaks(args.quick)
     peaks = {k: max(peaks[k], again[k]) for k in peaks}
     for i, amp, ours_flops, hf_flops in mfu_at:
         peak = peaks["bf16" if amp == "bf16" else "fp32"][0]
