@@ -81,12 +81,12 @@ def _check_device(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
     return None
 
 
-# Measured on CPU (switch_effects.md, row amp=bf16): forward -30%, backward -31%, total memory -24%
-# (saved activations -31%), with a calibrated bf16/fp32 peak ratio of ~3.9 (profiler/device.py):
-# a matmul share of ~0.4 of forward and backward. On GPUs the matmuls are a larger share.
-_MATMUL_SHARE = (0.4, 0.8)
-_MATMUL_BASIS = ("amp=bf16 row: forward -30%, backward -31% on a CPU with a ~3.9x bf16 peak ratio, i.e. a "
-                 "matmul share of ~0.4; matmuls are a larger share on GPUs; fp16 assumed alike (not measured here)")
+# Measured on CPU (switch_effects.md, row amp=bf16): forward -30%, backward -31%, on a CPU whose
+# calibrated bf16/fp32 matmul peak ratio is ~2.3 (docs/BENCHMARKS.md: 429 vs 182 GFLOP/s), so a
+# matmul share of ~0.55 of forward and backward: 0.3 = 0.55 x (1 - 1/2.3). Larger on GPUs.
+_MATMUL_SHARE = (0.5, 0.85)
+_MATMUL_BASIS = ("amp=bf16 row: forward -30%, backward -31% at a measured ~2.3x bf16/fp32 peak ratio, i.e. a "
+                 "matmul share of ~0.55; matmuls are a larger share on GPUs; fp16 assumed alike (not measured here)")
 _MEMORY = Effect("peak_memory", "shrinks", 0.2, 0.35,
                  basis="amp=bf16 row: total -24%, saved activations -31% (weights, grads and AdamW state stay fp32)")
 
