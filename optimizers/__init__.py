@@ -9,10 +9,10 @@ GLM specifics, profiling or the run store.
 """
 
 from optimizers.base import Optimization, SetupContext, TrainSetup, blocks
-from optimizers.bottlenecks import Bottleneck, Capability
 from optimizers.catalog import REGISTRY, SwitchesConfig, apply_all, check_all
 from optimizers.config import ConfigError
 from optimizers.facts import Candidate, Effect
+from optimizers.vocabulary import Bottleneck, Capability
 
 __all__ = [
     "REGISTRY", "Bottleneck", "Candidate", "Capability", "ConfigError", "Effect", "Optimization", "SetupContext",

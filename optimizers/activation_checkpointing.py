@@ -23,9 +23,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from optimizers.base import Optimization, SetupContext, TrainSetup, blocks
-from optimizers.bottlenecks import Bottleneck
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
+from optimizers.vocabulary import Bottleneck
 
 
 @dataclass

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from optimizers.base import Optimization, SetupContext, TrainSetup
-from optimizers.bottlenecks import Bottleneck, Capability
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
+from optimizers.vocabulary import Bottleneck, Capability
 
 if TYPE_CHECKING:
     from optimizers.catalog import SwitchesConfig

@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from optimizers.base import Optimization, SetupContext, TrainSetup, blocks
-from optimizers.bottlenecks import Bottleneck
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
+from optimizers.vocabulary import Bottleneck
 
 if TYPE_CHECKING:
     from optimizers.catalog import SwitchesConfig

@@ -3,7 +3,7 @@
 A switch is one module holding its config section (a `Section` dataclass), one
 `apply_<switch>(setup, cfg, ctx)` that edits a `TrainSetup` (the wrapped model, optimizer, autocast,
 scaler, ... the trainer runs) and an `Optimization` record with its facts: the bottlenecks it
-addresses and its candidate changes (optimizers.bottlenecks, optimizers.facts) besides the prose.
+addresses and its candidate changes (optimizers.vocabulary, optimizers.facts) besides the prose.
 The model protocol a switch may rely on is small (see `blocks`), so the catalog works on a user's
 own model too.
 """
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from optimizers.bottlenecks import Bottleneck, Capability
 from optimizers.config import ConfigError, Section
 from optimizers.facts import Candidate
+from optimizers.vocabulary import Bottleneck, Capability
 
 if TYPE_CHECKING:
     from optimizers.catalog import SwitchesConfig

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from optimizers.base import Optimization, SetupContext, TrainSetup, blocks
-from optimizers.bottlenecks import Bottleneck, Capability
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
+from optimizers.vocabulary import Bottleneck, Capability
 
 if TYPE_CHECKING:
     from optimizers.catalog import SwitchesConfig

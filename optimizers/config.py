@@ -126,13 +126,3 @@ def section_to_dict(obj: Any) -> dict[str, Any]:
     """A section (nested) as plain data, for run.json and YAML."""
     return dataclasses.asdict(obj)
 
-
-def __getattr__(name: str) -> Any:
-    """`SwitchesConfig` moved to `optimizers.catalog` (it is derived from the registry); this lazy
-    alias serves the callers that still import it from here (tests/test_trainer.py). Remove it once
-    they import `from optimizers import SwitchesConfig`."""
-    if name == "SwitchesConfig":
-        from optimizers.catalog import SwitchesConfig
-
-        return SwitchesConfig
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from optimizers.base import Optimization, SetupContext, TrainSetup
-from optimizers.bottlenecks import Bottleneck, Capability
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
+from optimizers.vocabulary import Bottleneck, Capability
 
 
 @dataclass

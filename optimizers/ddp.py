@@ -25,9 +25,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel
 
 from optimizers.base import Optimization, SetupContext, TrainSetup
-from optimizers.bottlenecks import Bottleneck, Capability
 from optimizers.config import ConfigError, Section
 from optimizers.facts import Candidate, Effect
+from optimizers.vocabulary import Bottleneck, Capability
 
 if TYPE_CHECKING:
     from optimizers.catalog import SwitchesConfig

@@ -28,9 +28,9 @@ import torch
 from torch import nn
 
 from optimizers.base import Optimization, SetupContext, TrainSetup
-from optimizers.bottlenecks import Bottleneck
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
+from optimizers.vocabulary import Bottleneck
 
 if TYPE_CHECKING:
     from optimizers.catalog import SwitchesConfig

@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from optimizers.bottlenecks import Capability
+from optimizers.vocabulary import Capability, StepPhase
 
-PHASES = ("data", "h2d", "forward", "backward", "optimizer", "comm", "checkpoint", "other")
+PHASES = tuple(p.value for p in StepPhase)
 """The phases of a step an effect can target: its time per token."""
 
 METRICS = ("peak_memory", "comm_bytes")

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from optimizers.base import Optimization, SetupContext, TrainSetup
-from optimizers.bottlenecks import Bottleneck
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
+from optimizers.vocabulary import Bottleneck
 
 
 @dataclass

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from optimizers.base import Optimization, SetupContext, TrainSetup
-from optimizers.bottlenecks import Bottleneck
 from optimizers.config import Section
+from optimizers.vocabulary import Bottleneck
 
 
 @dataclass

@@ -1,21 +1,26 @@
 """Training stability: gradient clipping, the NaN/Inf guard, loss spike and plateau detection (000 4.4).
 
 The source's guard (`if torch.isnan(loss): save_debug_checkpoint(); raise`) is kept as the
-`stop` policy; `skip` drops only the bad step, which is what long runs usually want. Spikes and
-plateaus are events, not interventions: the run records them and the diagnosis reads them.
+`stop` policy; `skip` drops only the bad step, which is what long runs usually want. Both must
+decide before the update, so they read the loss every step: one device sync per step, which stops
+the host from running ahead of the device. The default is therefore `off`: the loss watch still
+reports a non-finite loss or gradient as an event, read lazily once the device has produced it
+(a step or two late on CUDA, with its own step number), and the diagnosis calls the run unstable.
+Spikes and plateaus are events too, not interventions.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from optimizers.base import Optimization, SetupContext, TrainSetup
-from optimizers.bottlenecks import Bottleneck
 from optimizers.config import Section
 from optimizers.facts import Candidate
+from optimizers.vocabulary import Bottleneck
 
 
 @dataclass
@@ -23,9 +28,10 @@ class StabilityConfig(Section):
     KEY: ClassVar[str] = "switches.stability"
     clip_grad_norm: float = 1.0
     """Clip the global gradient L2 norm to this value (0 = no clipping; the norm is still measured)."""
-    nan_guard: str = "skip"
-    """off; skip (drop the optimizer step when loss or gradients are NaN/Inf); stop (save a debug
-    checkpoint with the batch and stop the run)."""
+    nan_guard: str = "off"
+    """off (a NaN/Inf is recorded as an event, no sync); skip (drop the optimizer step when loss or
+    gradients are NaN/Inf); stop (save a debug checkpoint with the batch and stop the run). skip and
+    stop read the loss every step: one device sync per step."""
     spike_factor: float = 3.0
     """A loss above this multiple of the running median is recorded as a spike event."""
     window: int = 20
@@ -42,17 +48,24 @@ class StabilityConfig(Section):
 
 
 class LossWatch:
-    """Flags a loss above `spike_factor` x the running median, and a window without progress."""
+    """Flags a loss above `spike_factor` x the running median, a window without progress, and (when
+    no guard does) the first step of each run of non-finite steps."""
 
     def __init__(self, cfg: StabilityConfig) -> None:
         self.cfg = cfg
         self.recent: deque[float] = deque(maxlen=cfg.window)
         self.plateau_reported_at = -1
+        self.finite = True
 
     def observe(self, step: int, loss: float, grad_norm: float) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
-        if loss != loss or loss in (float("inf"), float("-inf")):
-            return events  # the NaN guard reports these
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            if self.finite and self.cfg.nan_guard == "off":  # a guard reports its own
+                events.append({"kind": "non_finite", "step": step, "loss": loss, "grad_norm": grad_norm,
+                               "action": "none"})
+            self.finite = False
+            return events
+        self.finite = True
         if len(self.recent) >= self.cfg.window // 2:
             median = statistics.median(self.recent)
             if median > 0 and loss > self.cfg.spike_factor * median:
@@ -81,7 +94,8 @@ STABILITY = Optimization(
     enabled=lambda c: c != StabilityConfig(),
     addresses=(Bottleneck.UNSTABLE,),
     effect="clipping bounds the update after a bad batch; the guard keeps one NaN from ending a run",
-    cost="the guard reads the loss every step (one device sync); clipping one extra pass over grads",
+    cost="skip/stop read the loss every step (one device sync: the host cannot run ahead of the device); "
+         "clipping one extra pass over grads",
     risk="clipping too low slows learning; skip can hide a real divergence (watch skipped steps)",
     source="000 4.4", always=True,
     candidates=(

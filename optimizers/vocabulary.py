@@ -1,4 +1,4 @@
-"""The two vocabularies a switch's facts are stated in: bottleneck kinds and capabilities.
+"""The vocabularies a switch's facts are stated in: bottleneck kinds, capabilities, phases of a step.
 
 `Bottleneck` names what can hold a training step back. The profiler's diagnosis fires these kinds
 (each rule with its threshold and evidence, docs/diagnosis.md) and a switch's `addresses` lists the
@@ -7,7 +7,11 @@ not a member. `Capability` names what a candidate change needs from the device o
 bf16 matmul, CUDA, several ranks, ...); the profiler decides whether a run has it, by measurement
 where it can.
 
-Both are `str` enums: a member compares equal to its name (`Bottleneck.MEMORY_BOUND ==
+`StepPhase` names the parts of a training step the step timer times and an effect can target;
+the profiler's metric registry (profiler/metrics.py) builds its phase columns, shares and metrics
+from it, so adding a phase is one line here.
+
+All are `str` enums: a member compares equal to its name (`Bottleneck.MEMORY_BOUND ==
 "memory_bound"`), so JSON and run.json carry plain strings. Each member has a `description`.
 """
 
@@ -72,3 +76,16 @@ class Capability(_Described):
     SEVERAL_RANKS = ("several_ranks", "the run has more than one rank (torchrun, --nproc N)")
     SPARE_CORES = ("spare_cores", "free CPU cores beyond the training process's threads, for loader workers")
     COMPILER = ("compiler", "the toolchain Inductor needs: a C++ compiler on CPU, triton on CUDA")
+
+
+class StepPhase(_Described):
+    """The parts of a step, in step order: `<value>_s` columns of steps.parquet, targets of effects."""
+
+    DATA = ("data", "waiting for the next batch from the loader, summed over micro-batches")
+    H2D = ("h2d", "host-to-device copy of the batch")
+    FORWARD = ("forward", "forward pass including the loss")
+    BACKWARD = ("backward", "backward pass, minus the exposed communication")
+    OPTIMIZER = ("optimizer", "unscale, clip / grad norm, optimizer and scheduler step")
+    COMM = ("comm", "exposed (not overlapped) communication, carved out of backward")
+    CHECKPOINT = ("checkpoint", "checkpoint save after the step (0 on other steps)")
+    OTHER = ("other", "the rest of the step: hooks, loop overhead, gaps (>= 0)")
