@@ -1,4 +1,8 @@
-"""The console view of a run: a live bar on a terminal, plain lines in logs (CI), rank 0 only."""
+"""The console view of a run: a live bar on a terminal, plain lines in logs (CI), rank 0 only.
+
+The loss it shows is the newest one the device has already produced (`record.scalars().ready()`):
+the progress line never makes the host wait for the device.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,11 @@ import sys
 import time
 from typing import TextIO
 
-from reference_model.trainer import StepRecord, Trainer, TrainerHook, TrainResult
+from reference_model.trainer import StepRecord, TrainerHook, TrainResult, TrainStart
 
 
 class Progress(TrainerHook):
-    """Step, loss, tokens/s and ETA. Reads the loss only every `every` steps (a device sync)."""
+    """Step, loss, tokens/s and ETA: every step on a terminal, every `every` steps otherwise."""
 
     def __init__(self, *, total_steps: int, every: int = 10, stream: TextIO | None = None) -> None:
         self.total, self.every = total_steps, every
@@ -21,21 +25,32 @@ class Progress(TrainerHook):
         self._t0 = 0.0
         self._tokens = 0
         self._start_step = 0
+        self._loss: tuple[int, float] | None = None
+        """(step, loss) of the newest step whose loss has reached the host."""
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, start: TrainStart) -> None:
         self._t0 = time.perf_counter()
-        self._start_step = trainer.start_step
+        self._start_step = start.start_step
         if self.live:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._bar = Progress(TextColumn("[bold]step {task.completed}/{task.total}"), BarColumn(),
                                  TextColumn("{task.fields[status]}"), TimeRemainingColumn())
-            self._task = self._bar.add_task("train", total=self.total, completed=trainer.start_step,
+            self._task = self._bar.add_task("train", total=self.total, completed=start.start_step,
                                             status="")
             self._bar.start()
 
+    def _status(self, current: int, rate: float) -> str:
+        if self._loss is None:
+            return f"{rate:,.0f} tok/s"
+        step, loss = self._loss
+        late = "" if step == current else f" (step {step + 1})"
+        return f"loss {loss:.4f}{late}  {rate:,.0f} tok/s"
+
     def on_step_end(self, record: StepRecord) -> None:
         self._tokens += record.tokens
+        if record.scalars().ready():
+            self._loss = (record.step, record.scalars().values()[0])
         done = record.step + 1
         if not (done % self.every == 0 or done == self.total or self.live):
             return
@@ -43,14 +58,11 @@ class Progress(TrainerHook):
         rate = self._tokens / elapsed if elapsed > 0 else 0.0
         steps_done = done - self._start_step
         eta = elapsed / steps_done * (self.total - done) if steps_done else 0.0
+        status = self._status(record.step, rate)
         if self.live and self._bar is not None:
-            status = f"loss {float(record.loss):.4f}  {rate:,.0f} tok/s" if done % self.every == 0 \
-                or done == self.total or steps_done == 1 else None
-            fields = {"status": status} if status else {}
-            self._bar.update(self._task, completed=done, **fields)
+            self._bar.update(self._task, completed=done, status=status)
         else:
-            print(f"step {done}/{self.total}  loss {float(record.loss):.4f}  {rate:,.0f} tok/s  "
-                  f"eta {eta:.0f}s", file=self.stream, flush=True)
+            print(f"step {done}/{self.total}  {status}  eta {eta:.0f}s", file=self.stream, flush=True)
 
     def on_train_end(self, result: TrainResult | None, error: BaseException | None) -> None:
         if self._bar is not None:

@@ -2,18 +2,20 @@
 
 The trainer knows nothing of profiling. It brackets every phase of a step (data, h2d, forward,
 backward, optimizer, checkpoint) with hook calls and hands each hook the step's figures at the
-end. Loss and grad norm stay device tensors in the `StepRecord` unless a switch needs their value
-(the NaN guard, the plateau schedule), so a hook can read them lazily without a sync per step.
+end. The trainer itself never reads a device value unless a switch needs it (the NaN guard's
+check, the plateau schedule's loss: each says so in its setup note): loss and grad norm reach the
+hooks as device tensors plus one `LazyScalars` copy, and the loss watch reads them when the device
+has produced them, so the host can run ahead of the device as it does without any of us.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,11 +26,10 @@ from optimizers import SetupContext, SwitchesConfig, TrainSetup, apply_all
 from reference_model.checkpoint import load_latest, save_checkpoint
 from reference_model.config import DataConfig, GLMConfig, TrainConfig
 from reference_model.data import build_loader
+from reference_model.lazy import LazyScalars
 from reference_model.model import IGNORE_INDEX, GLMForCausalLM
 
 log = logging.getLogger("glmperf.trainer")
-
-PHASES = ("data", "h2d", "forward", "backward", "optimizer", "checkpoint")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -46,9 +47,9 @@ class StepRecord:
     tokens: int
     """Input tokens this rank processed in the step."""
     loss: torch.Tensor
-    """Mean loss over the micro-batches (a detached device tensor: `float()` it lazily)."""
+    """Mean loss over the micro-batches (a detached device tensor: reading it is a device sync)."""
     grad_norm: torch.Tensor
-    """Global gradient L2 norm before clipping."""
+    """Global gradient L2 norm before clipping (a detached device tensor)."""
     lr: float
     loss_scale: float | None
     skipped: bool
@@ -56,6 +57,27 @@ class StepRecord:
     """Host wall time of the step, from step start to the end of the optimizer phase."""
     warmup: bool = False
     """True for steps that include one-off work (compilation)."""
+    values: LazyScalars | None = None
+    """(loss, grad norm) on their way to the host: `ready()` never blocks, `values()` gives floats."""
+
+    def scalars(self) -> LazyScalars:
+        """The lazy (loss, grad norm) pair, made on first use for a record built without one."""
+        if self.values is None:
+            self.values = LazyScalars(torch.as_tensor(self.loss), torch.as_tensor(self.grad_norm))
+        return self.values
+
+
+@dataclass(frozen=True)
+class TrainStart:
+    """What a hook learns when training starts: where it runs and which steps it will see."""
+
+    device: torch.device
+    rank: int
+    world_size: int
+    start_step: int
+    """First step this process runs (after a resume, the step it resumed at)."""
+    total_steps: int
+    """The step count the run ends at (steps run here: total_steps - start_step)."""
 
 
 @dataclass
@@ -67,9 +89,15 @@ class TrainResult:
 
 
 class TrainerHook:
-    """Pass-through base: instruments override what they need."""
+    """Pass-through base: instruments override what they need.
 
-    def on_train_start(self, trainer: Trainer) -> None: ...
+    Calls, in order: `on_train_start(TrainStart)` once; per step `on_step_start(step)`, pairs of
+    `on_phase_start/on_phase_end(step, phase)` (phases may repeat within a step: one data/h2d/
+    forward/backward per micro-batch), `on_step_end(StepRecord)`; `on_event(dict)` whenever a
+    switch reports one; `on_train_end(result or None, error or None)` once, also after a failure.
+    """
+
+    def on_train_start(self, start: TrainStart) -> None: ...
     def on_step_start(self, step: int) -> None: ...
     def on_phase_start(self, step: int, phase: str) -> None: ...
     def on_phase_end(self, step: int, phase: str) -> None: ...
@@ -93,28 +121,41 @@ def dist_env() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-def setup_context(train: TrainConfig, data: DataConfig, *,
-                  memory_budget_bytes: int | None = None) -> SetupContext:
-    """The context switches are checked and applied in (also used for config-time checks)."""
-    rank, world = dist_env()
-    return SetupContext(device=resolve_device(train.device), world_size=world, rank=rank,
+def setup_context(train: TrainConfig, data: DataConfig, *, device: torch.device | None = None,
+                  rank: int | None = None, world_size: int | None = None,
+                  memory_budget_bytes: int | None = None,
+                  wrap_comm_hook: Callable[..., Any] | None = None) -> SetupContext:
+    """The one way to build the context switches are checked and applied in, from the config.
+
+    `device`, `rank` and `world_size` default to what this process is (train.device resolved,
+    torchrun's environment); a launcher checking a config for N ranks passes `world_size=N`.
+    """
+    env_rank, env_world = dist_env()
+    return SetupContext(device=device if device is not None else resolve_device(train.device),
+                        world_size=env_world if world_size is None else world_size,
+                        rank=env_rank if rank is None else rank,
                         total_steps=train.steps, lr=train.lr, batch_size=train.batch_size,
                         seq_len=data.seq_len, objective=data.objective,
-                        memory_budget_bytes=memory_budget_bytes)
+                        memory_budget_bytes=memory_budget_bytes, wrap_comm_hook=wrap_comm_hook)
 
 
 class Trainer:
-    """Builds model, setup and loader from config, then `fit()` runs the loop."""
+    """Builds model, setup and loader from config, then `fit()` runs the loop.
+
+    `ctx` is the setup context built by `setup_context` (the profiler builds it once per run and
+    hands it down); without one the trainer builds it from the config and this process's environment.
+    """
 
     def __init__(self, *, model_cfg: GLMConfig, data_cfg: DataConfig, train_cfg: TrainConfig,
                  switches: SwitchesConfig | None = None, hooks: Sequence[TrainerHook] = (),
-                 run_dir: Path | None = None, memory_budget_bytes: int | None = None) -> None:
+                 run_dir: Path | None = None, ctx: SetupContext | None = None) -> None:
         self.model_cfg, self.data_cfg, self.train_cfg = model_cfg, data_cfg, train_cfg
         self.switches = switches or SwitchesConfig()
         self.hooks = list(hooks)
         self.run_dir = run_dir
-        self.ctx = setup_context(train_cfg, data_cfg, memory_budget_bytes=memory_budget_bytes)
+        self.ctx = ctx if ctx is not None else setup_context(train_cfg, data_cfg)
         self.device = self.ctx.device
+        self._watching: deque[tuple[int, LazyScalars]] = deque()
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
         torch.manual_seed(train_cfg.seed)
@@ -198,18 +239,25 @@ class Trainer:
         return save_checkpoint(self.checkpoint_dir, step, state, keep=self.switches.checkpoint.keep)
 
     # -- the loop ---------------------------------------------------------------------------
+    def train_start(self) -> TrainStart:
+        return TrainStart(device=self.device, rank=self.ctx.rank, world_size=self.ctx.world_size,
+                          start_step=self.start_step, total_steps=self.train_cfg.steps)
+
     def fit(self) -> TrainResult:
         result = TrainResult(steps=0, final_step=self.start_step)
         t0 = time.perf_counter()
-        self._call("on_train_start", self)
+        self._call("on_train_start", self.train_start())
         try:
             batches = iter(self.loader)
             for step in range(self.start_step, self.train_cfg.steps):
                 self.run_step(step, batches)
                 result.steps += 1
                 result.final_step = step + 1
+            self._watch(wait=True)
             result.elapsed_s = time.perf_counter() - t0
         except BaseException as exc:
+            with contextlib.suppress(Exception):  # the steps that finished still get their events
+                self._watch(wait=True)
             self._call("on_train_end", None, exc)
             raise
         self._call("on_train_end", result, None)
@@ -278,11 +326,12 @@ class Trainer:
                 for hook in s.post_step_hooks:
                     hook()
             lr = s.optimizer.param_groups[0]["lr"]
-            s.step_scheduler(float(loss) if s.scheduler_wants_loss else None)
+            s.step_scheduler(float(loss) if s.scheduler_wants_loss else None)  # plateau: a sync, noted
+        grad_norm = grad_norm.detach()
         return StepRecord(step=step, batch_size=batch["input_ids"].shape[0], micro_batches=s.accumulation_steps,
-                          tokens=tokens, loss=loss, grad_norm=grad_norm.detach(), lr=lr, loss_scale=scale,
+                          tokens=tokens, loss=loss, grad_norm=grad_norm, lr=lr, loss_scale=scale,
                           skipped=skipped, wall_s=time.perf_counter() - t0,
-                          warmup=s.compiled and step == self.start_step)
+                          warmup=s.compiled and step == self.start_step, values=LazyScalars(loss, grad_norm))
 
     def _guard(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor,
                batch: dict[str, torch.Tensor]) -> bool:
@@ -291,10 +340,12 @@ class Trainer:
         if s.nan_guard == "off":
             return False
         # With a GradScaler, inf gradients are the scaler's business; only the loss is checked.
-        bad = not math.isfinite(float(loss)) or (s.scaler is None and not math.isfinite(float(grad_norm)))
-        if not bad:
+        # One read (one device sync) per step: the price of deciding before the update.
+        checked = loss if s.scaler is not None else torch.stack([loss.float(), grad_norm.float()])
+        if bool(torch.isfinite(checked).all()):
             return False
-        event = {"kind": "non_finite", "step": step, "loss": float(loss), "grad_norm": float(grad_norm),
+        loss_value, norm_value = LazyScalars(loss, grad_norm).values()
+        event = {"kind": "non_finite", "step": step, "loss": loss_value, "grad_norm": norm_value,
                  "action": s.nan_guard}
         if s.nan_guard == "stop" and self.checkpoint_dir is not None and self.ctx.rank == 0:
             event["debug_checkpoint"] = str(self.save(step, debug_batch=batch))
@@ -304,13 +355,24 @@ class Trainer:
         s.optimizer.zero_grad(set_to_none=True)
         return True
 
+    def _watch(self, *, wait: bool) -> None:
+        """Feed the monitors every watched step whose values have reached the host, oldest first.
+
+        Their events (loss spikes, plateaus) are emitted a step or two late on CUDA, with the step
+        they belong to; `wait` (train end) drains the rest.
+        """
+        while self._watching and (wait or self._watching[0][1].ready()):
+            step, scalars = self._watching.popleft()
+            loss, norm = scalars.values()
+            for monitor in self.setup.monitors:
+                for event in monitor.observe(step, loss, norm):
+                    self.emit(event)
+
     def _after_step(self, record: StepRecord) -> None:
         s = self.setup
         if s.monitors:
-            loss, norm = float(record.loss), float(record.grad_norm)
-            for monitor in s.monitors:
-                for event in monitor.observe(record.step, loss, norm):
-                    self.emit(event)
+            self._watching.append((record.step, record.scalars()))
+            self._watch(wait=False)
         every = self.switches.checkpoint.every
         if every and (record.step + 1) % every == 0 and self.checkpoint_dir is not None:
             with self.phase(record.step, "checkpoint"):

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from profiler import store  # noqa: E402
 from profiler.config import load_config  # noqa: E402
 from profiler.run import profile_run  # noqa: E402
+from reference_model.trainer import StepRecord, TrainerHook  # noqa: E402
 
 FAILED: list[str] = []
 
@@ -26,9 +27,30 @@ def check(ok: bool, what: str) -> None:
         FAILED.append(what)
 
 
-def run(runs_dir: Path, preset: str, overrides: list[str], nproc: int = 1) -> Path:
+class NoSync(TrainerHook):
+    """Any synchronizing CUDA call raises from step `first` to the last: a default step never syncs.
+
+    The last hook of the run, so every instrument's per-step work is inside the checked span.
+    """
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last = first, last
+
+    def on_step_start(self, step: int) -> None:
+        if step == self.first:
+            torch.cuda.set_sync_debug_mode("error")
+
+    def on_step_end(self, record: StepRecord) -> None:
+        if record.step == self.last:
+            torch.cuda.set_sync_debug_mode("default")
+
+    def on_train_end(self, result, error) -> None:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def run(runs_dir: Path, preset: str, overrides: list[str], nproc: int = 1, hooks=()) -> Path:
     cfg = load_config(preset=preset, overrides=["train.device=cuda", *overrides], nproc=nproc)
-    run_dir = profile_run(cfg, runs_dir=runs_dir, nproc=nproc, progress=False)
+    run_dir = profile_run(cfg, runs_dir=runs_dir, nproc=nproc, progress=False, hooks=hooks)
     record = store.read_run(run_dir)
     s = record.get("summary") or {}
     st = s.get("step_time_s", {})
@@ -69,6 +91,9 @@ def main() -> int:
     small = run(args.runs_dir, "small", ["switches.amp=bf16", "train.steps=40", "profile.memory_snapshot=true"])
     check_single(small)
     run(args.runs_dir, "small", ["train.steps=40"])  # fp32 beside bf16
+    # a default step (every instrument but the trace window, whose start and stop are not steps'
+    # work) must never make the host wait for the device
+    run(args.runs_dir, "small", ["train.steps=20", "profile.trace=false"], hooks=[NoSync(3, 19)])
     run(args.runs_dir, "glm-350m", ["train.steps=30", "data.seq_len=1024", "train.batch_size=8"])
     run(args.runs_dir, "glm-350m", ["train.steps=30", "data.seq_len=1024", "train.batch_size=8",
                                     "switches.compile=default"])

@@ -18,9 +18,10 @@ import torch
 from profiler import device as devmod
 from profiler import store
 from profiler.instruments import CpuBackend, Sampler, StepTimer, TraceWindow, choose_backend
-from profiler.instruments.steps import PHASE_COLUMNS, STEP_COLUMNS, _HwmReset
+from profiler.instruments.steps import STEP_COLUMNS, _HwmReset
+from profiler.metrics import DERIVED_PHASES, PHASE_COLUMNS, PHASE_NAMES
 from reference_model.config import DataConfig, TrainConfig, model_config
-from reference_model.trainer import PHASES, StepRecord, Trainer, TrainerHook
+from reference_model.trainer import StepRecord, Trainer, TrainerHook, TrainStart
 
 BATCH, SEQ, STEPS = 4, 32, 4
 
@@ -74,9 +75,17 @@ class Tee(FakeWriter):
         return self.real.trace_path(rank)
 
 
+def start(*, rank: int = 0, world_size: int = 1) -> TrainStart:
+    return TrainStart(device=torch.device("cpu"), rank=rank, world_size=world_size, start_step=0, total_steps=2)
+
+
 class Records(TrainerHook):
     def __init__(self) -> None:
         self.records: list[StepRecord] = []
+        self.phases: set[str] = set()
+
+    def on_phase_start(self, step: int, phase: str) -> None:
+        self.phases.add(phase)
 
     def on_step_end(self, record: StepRecord) -> None:
         self.records.append(record)
@@ -103,7 +112,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
         hook.close()
     real.close()
     return SimpleNamespace(root=root, writer=writer, timer=timer, trace=trace, sampler=sampler, hz=hz,
-                           records=records.records)
+                           records=records.records, phases=records.phases)
 
 
 # -- StepTimer ------------------------------------------------------------------------------
@@ -116,15 +125,17 @@ def test_one_row_per_step_with_documented_columns(run: SimpleNamespace) -> None:
         assert row["micro_batches"] == 1 and not row["skipped"] and not row["warmup"]
 
 
-def test_every_trainer_phase_has_a_column() -> None:
-    assert {f"{p}_s" for p in PHASES} <= set(PHASE_COLUMNS)
+def test_the_columns_are_the_vocabularys_phases(run: SimpleNamespace) -> None:
+    assert [c for c in STEP_COLUMNS if c in PHASE_COLUMNS] == list(PHASE_COLUMNS)
+    # every phase the trainer brackets is a timed phase of the vocabulary (checkpoint: only when saving)
+    assert run.phases == set(PHASE_NAMES) - set(DERIVED_PHASES) - {"checkpoint"}
 
 
-def test_phases_and_other_sum_to_step_time(run: SimpleNamespace) -> None:
+def test_phases_sum_to_step_time(run: SimpleNamespace) -> None:
     for row in run.writer.steps:
         phases = [row[c] for c in PHASE_COLUMNS]
-        assert all(v >= 0 for v in phases) and row["other_s"] >= 0
-        assert sum(phases) + row["other_s"] == pytest.approx(row["step_s"], rel=1e-6)
+        assert all(v >= 0 for v in phases)
+        assert sum(phases) == pytest.approx(row["step_s"], rel=1e-6)
         assert row["forward_s"] > 0 and row["backward_s"] > 0 and row["optimizer_s"] > 0
         assert row["step_s"] == row["host_s"]  # CPU: one clock
 
@@ -164,7 +175,7 @@ def test_rss_peak_is_per_step_where_linux_allows(tmp_path: Path) -> None:
         pytest.skip("/proc/self/clear_refs is not writable here: the peak is process-lifetime")
     writer = FakeWriter(tmp_path)
     timer = StepTimer(writer)
-    timer.on_train_start(SimpleNamespace(device=torch.device("cpu")))
+    timer.on_train_start(start())
     big = 200 * 2**20
 
     def spike() -> None:  # touch 200 MiB, then free it before the step ends
@@ -204,9 +215,8 @@ def test_cuda_path_resolves_lazily_in_order_and_carves_out_comm(tmp_path: Path, 
     writer = FakeWriter(tmp_path)
     comm = SimpleNamespace(take_step=lambda: {"calls": 3, "bytes": 4096, "time_s": 0.5, "exposed_s": 0.01,
                                               "bandwidth": 8192.0})
-    timer = StepTimer(writer)
-    timer.on_train_start(SimpleNamespace(device=torch.device("cpu"), setup=SimpleNamespace(comm_stats=comm),
-                                         ctx=SimpleNamespace(rank=1, world_size=2)))
+    timer = StepTimer(writer, comm=comm)
+    timer.on_train_start(start(rank=1, world_size=2))
     timer.cuda = torch.device("cuda", 0)  # pretend: events instead of perf_counter
     FakeEvent.made = []
     monkeypatch.setattr(timer, "_record", FakeEvent)
@@ -225,14 +235,14 @@ def test_cuda_path_resolves_lazily_in_order_and_carves_out_comm(tmp_path: Path, 
     assert first["backward_s"] >= 0.0199  # slept 30 ms, minus the 10 ms of exposed comm
     assert second["backward_s"] == 0.0 and 0.004 < second["comm_s"] < 0.01  # capped at its 5 ms backward
     for row in writer.steps:
-        assert sum(row[c] for c in PHASE_COLUMNS) + row["other_s"] == pytest.approx(row["step_s"], rel=1e-6)
+        assert sum(row[c] for c in PHASE_COLUMNS) == pytest.approx(row["step_s"], rel=1e-6)
         assert row["mem_alloc_peak_bytes"] == 1.0 and row["rss_peak_bytes"] == 4.0
 
 
 def test_a_broken_device_at_train_end_keeps_the_steps_already_done(tmp_path: Path, monkeypatch) -> None:
     writer = FakeWriter(tmp_path)
     timer = StepTimer(writer)
-    timer.on_train_start(SimpleNamespace(device=torch.device("cpu")))
+    timer.on_train_start(start())
     timer.cuda = torch.device("cuda", 0)
     FakeEvent.made = []
     monkeypatch.setattr(timer, "_record", FakeEvent)
@@ -252,8 +262,7 @@ def test_a_broken_device_at_train_end_keeps_the_steps_already_done(tmp_path: Pat
 def test_several_ranks_without_comm_counters_is_not_measured(tmp_path: Path) -> None:
     writer = FakeWriter(tmp_path)
     timer = StepTimer(writer)
-    timer.on_train_start(SimpleNamespace(device=torch.device("cpu"),
-                                         ctx=SimpleNamespace(rank=0, world_size=2)))
+    timer.on_train_start(start(world_size=2))
     _drive_step(timer, 0, {"backward": 0.0})
     assert math.isnan(writer.steps[0]["comm_calls"]) and writer.steps[0]["comm_s"] == 0.0
 
@@ -398,8 +407,18 @@ def test_gpu_peak_table() -> None:
     assert devmod.table_peak("NVIDIA A10G", torch.bfloat16) is None  # not in the table: measure, never guess
 
 
+@pytest.mark.parametrize(("amp", "kind"), [("off", "fp32"), ("bf16", "bf16"), ("fp16", "fp16")])
+def test_each_precision_is_measured_against_its_own_peak(tmp_path: Path, monkeypatch, amp: str, kind: str) -> None:
+    monkeypatch.setenv("GLMPERF_CACHE", str(tmp_path))
+    peak = devmod.run_peak("cpu", amp)
+    assert peak["dtype"] == kind and f" {kind} matmuls" in peak["source"] and peak["flops"] > 0
+    assert list(json.loads((tmp_path / "peak_flops.json").read_text())) == [f"cpu|{devmod.cpu_model()}|threads="
+                                                                           f"{torch.get_num_threads()}|torch="
+                                                                           f"{torch.__version__}|{kind}"]
+
+
 def test_environment_on_cpu() -> None:
-    env = devmod.environment("cpu")
+    env = devmod.environment("cpu", world_size=4)
     assert env["device"] == "cpu" and env["device_name"] == devmod.cpu_model() and env["cpu_threads"] >= 1
-    assert env["torch"] == torch.__version__ and env["world_size"] >= 1
+    assert env["torch"] == torch.__version__ and env["world_size"] == 4 and "rank" not in env
     assert env["nvml"] == {"available": False, "reason": "no CUDA device: the run's device is cpu"}

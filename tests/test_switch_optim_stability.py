@@ -123,6 +123,17 @@ def test_an_injected_nan_is_skipped_and_recorded(tmp_path: Path) -> None:
     assert all(torch.isfinite(p).all() for p in t.model.parameters())
 
 
+def test_without_a_guard_a_nan_is_an_event_read_lazily(tmp_path: Path) -> None:
+    hook = Collect()
+    t = trainer(tmp_path, {}, steps=5, hooks=[hook])
+    assert t.setup.nan_guard == "off"  # the default: no device sync per step
+    t.hooks.insert(0, PoisonAt(t, 2))
+    t.fit()
+    (event,) = [e for e in hook.events if e["kind"] == "non_finite"]  # once, not once per NaN step after it
+    assert event["step"] == 2 and event["action"] == "none" and event["loss"] != event["loss"]
+    assert not any(r.skipped for r in hook.records)
+
+
 def test_the_stop_policy_saves_a_debug_checkpoint_with_the_batch(tmp_path: Path) -> None:
     hook = Collect()
     t = trainer(tmp_path, {"stability": {"nan_guard": "stop"}}, steps=5, hooks=[hook])
@@ -155,4 +166,7 @@ def test_spikes_and_plateaus_become_events() -> None:
     events = [e for step in range(10) for e in watch.observe(step, 2.0, 1.0)]
     assert [e["kind"] for e in events] == []
     assert [e["kind"] for e in watch.observe(10, 7.0, 50.0)] == ["loss_spike", "loss_plateau"]
-    assert watch.observe(11, float("nan"), 1.0) == []  # NaN is the guard's business
+    assert [e["kind"] for e in watch.observe(11, float("nan"), 1.0)] == ["non_finite"]  # no guard: the watch says
+    assert watch.observe(12, float("nan"), 1.0) == []  # once per run of non-finite steps
+    guarded = LossWatch(StabilityConfig(nan_guard="skip"))
+    assert guarded.observe(0, float("nan"), 1.0) == []  # the guard reports its own

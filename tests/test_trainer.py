@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from optimizers.config import SwitchesConfig, build_section
+from optimizers import SwitchesConfig
+from optimizers.config import build_section
 from reference_model.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.trainer import StepRecord, Trainer, TrainerHook

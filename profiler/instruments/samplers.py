@@ -43,6 +43,7 @@ import torch
 
 from profiler.instruments.base import Instrument
 from profiler.instruments.nvml import NvmlBackend, cuda_index, nvml_status
+from reference_model.trainer import TrainStart
 
 log = logging.getLogger("glmperf.sampler")
 NAN = float("nan")
@@ -162,7 +163,7 @@ class Sampler(Instrument):
     """Reads `backend` at `hz` on its own daemon thread from train start to train end (or `close()`).
 
     `current_step` returns the step in progress (pass `lambda: timer.current_step`); `rank`
-    defaults to the trainer's; `reason` (why this backend) is repeated in `summary()`.
+    defaults to the one `on_train_start` gives; `reason` (why this backend) is repeated in `summary()`.
     """
 
     def __init__(self, writer: Any, backend: Backend, *, hz: float = 10.0, rank: int | None = None,
@@ -177,9 +178,9 @@ class Sampler(Instrument):
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def on_train_start(self, trainer: Any) -> None:
+    def on_train_start(self, start: TrainStart) -> None:
         if self.rank is None:
-            self.rank = getattr(getattr(trainer, "ctx", None), "rank", 0)
+            self.rank = start.rank
         self.start()
 
     def on_train_end(self, result: Any, error: BaseException | None) -> None:

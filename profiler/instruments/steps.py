@@ -25,10 +25,12 @@ Columns, one row per step and rank (units in the names; copied to docs/run-forma
 - `comm_s` (s): exposed (not overlapped) communication, the DDP comm counters' `exposed_s`. It is
   carved out of backward, where DDP blocks waiting for its last all-reduce, and capped at it.
 - `checkpoint_s` (s): checkpoint save after the step (0 on other steps).
-- `other_s` (s): `step_s` minus the sum of the phases above, >= 0 (hooks, loop overhead, gaps).
+- `other_s` (s): `step_s` minus the sum of the phases above, >= 0 (hooks, loop overhead, gaps, and
+  any phase outside the vocabulary). The phase columns sum to `step_s`.
 - `tokens`: input tokens this rank processed. `batch_size` (samples): the micro-batch size.
   `micro_batches`: micro-batches accumulated into the step.
 - `loss`: mean loss over the micro-batches. `grad_norm`: global gradient L2 norm before clipping.
+  Both are read when the device has produced them (a non-blocking copy), never by a device sync.
   `lr`: learning rate the step used. `loss_scale`: GradScaler scale after the step (NaN without).
 - `skipped` (bool): the update was skipped (NaN guard, fp16 overflow).
 - `warmup` (bool): the step includes one-off work (torch.compile); summaries exclude it.
@@ -60,19 +62,18 @@ import psutil
 import torch
 
 from profiler.instruments.base import Instrument
-from reference_model.trainer import StepRecord
-
-PHASE_COLUMNS = ("data_s", "h2d_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "checkpoint_s")
-"""The phase columns; a trainer phase not listed here lands in other_s."""
+from profiler.metrics import DERIVED_PHASES, PHASE_COLUMNS, PHASES
+from reference_model.trainer import StepRecord, TrainStart
 
 STEP_COLUMNS = (
-    "step", "rank", "ts_end", "step_s", "host_s", *PHASE_COLUMNS, "other_s",
+    "step", "rank", "ts_end", "step_s", "host_s", *PHASE_COLUMNS,
     "tokens", "batch_size", "micro_batches", "loss", "grad_norm", "lr", "loss_scale",
     "skipped", "warmup", "profiled",
     "mem_alloc_peak_bytes", "mem_reserved_peak_bytes", "rss_bytes", "rss_peak_bytes",
     "comm_calls", "comm_bytes", "comm_time_s",
 )
 """steps.parquet columns, in order (documented in the module docstring)."""
+_TIMED = tuple(p.name for p in PHASES if p.name not in DERIVED_PHASES)
 
 NAN = float("nan")
 _STATUS = Path("/proc/self/status")
@@ -124,8 +125,6 @@ class _Pending:
     start: torch.cuda.Event
     end: torch.cuda.Event
     phases: list[tuple[str, torch.cuda.Event, torch.cuda.Event]]
-    values: torch.Tensor | None
-    """[loss, grad_norm] on the host, filled by a non-blocking copy before `end`."""
     memory: tuple[float, float, float, float]
     comm: dict[str, Any] | None
 
@@ -133,7 +132,8 @@ class _Pending:
 class StepTimer(Instrument):
     """Times every phase of every step and writes one row per step (see the module docstring).
 
-    `device` and `rank` default to the trainer's (read at train start). `profiled(step)` tells
+    `device` and `rank` default to what `on_train_start` says. `comm` is the run's communication
+    counters (profiler.instruments.comm.CommStats; None in a single process). `profiled(step)` tells
     whether the torch.profiler window was collecting during a step (pass `TraceWindow.is_active`,
     or assign it to the attribute later). `current_step` is the step in progress, read by the
     sampler to tag its samples (-1 before the first step). Attach it as the first hook, so the
@@ -141,14 +141,14 @@ class StepTimer(Instrument):
     """
 
     def __init__(self, writer: Any, *, device: torch.device | str | None = None, rank: int | None = None,
-                 profiled: Callable[[int], bool] | None = None) -> None:
+                 comm: Any = None, profiled: Callable[[int], bool] | None = None) -> None:
         self.writer = writer
         self.profiled = profiled or (lambda step: False)
         self.current_step = -1
         self.device = torch.device(device) if device is not None else None
         self.rank = rank
         self.world_size = 1
-        self.comm_stats: Any = None
+        self.comm_stats: Any = comm
         self.cuda: torch.device | None = None
         self._process = psutil.Process()
         self._hwm: _HwmReset | None = None
@@ -163,13 +163,11 @@ class StepTimer(Instrument):
         self._pending: deque[_Pending] = deque()
 
     # -- hooks ------------------------------------------------------------------------------
-    def on_train_start(self, trainer: Any) -> None:
-        ctx = getattr(trainer, "ctx", None)
+    def on_train_start(self, start: TrainStart) -> None:
         if self.rank is None:
-            self.rank = getattr(ctx, "rank", 0)
-        self.world_size = getattr(ctx, "world_size", 1)
-        self.comm_stats = getattr(getattr(trainer, "setup", None), "comm_stats", None)
-        device = self.device or torch.device(getattr(trainer, "device", "cpu"))
+            self.rank = start.rank
+        self.world_size = start.world_size
+        device = self.device or start.device
         if device.type == "cuda":
             index = torch.cuda.current_device() if device.index is None else device.index
             self.cuda = torch.device("cuda", index)
@@ -201,14 +199,13 @@ class StepTimer(Instrument):
         if self.cuda is None:
             t1 = time.perf_counter()
             host_s = t1 - self._t0
-            row = self._row(record, time.time(), host_s, host_s, dict(self._phase_s),
-                            (float(record.loss), float(record.grad_norm)), self._memory(), comm)
+            row = self._row(record, time.time(), host_s, host_s, dict(self._phase_s), self._memory(), comm)
             self._emit([row])
             return
-        values = _host_copy(record.loss, record.grad_norm)
+        record.scalars()  # enqueue the copy of loss and grad norm before the step's end event
         end = self._record()
         self._pending.append(_Pending(record, time.time(), time.perf_counter() - self._t0, self._start_event,
-                                      end, self._events, values, self._memory(), comm))
+                                      end, self._events, self._memory(), comm))
         self._emit(list(self._resolve(wait=False)))
 
     def on_train_end(self, result: Any, error: BaseException | None) -> None:
@@ -262,14 +259,11 @@ class StepTimer(Instrument):
             phase_s: dict[str, float] = defaultdict(float)
             for phase, start, end in p.phases:
                 phase_s[phase] += start.elapsed_time(end) / 1000.0
-            values = (p.values[0].item(), p.values[1].item()) if p.values is not None else \
-                (float(p.record.loss), float(p.record.grad_norm))
             step_s = p.start.elapsed_time(p.end) / 1000.0
-            yield self._row(p.record, p.ts_end, step_s, p.host_s, phase_s, values, p.memory, p.comm)
+            yield self._row(p.record, p.ts_end, step_s, p.host_s, phase_s, p.memory, p.comm)
 
     def _row(self, record: StepRecord, ts_end: float, step_s: float, host_s: float, phase_s: dict[str, float],
-             values: tuple[float, float], memory: tuple[float, float, float, float],
-             comm: dict[str, Any] | None) -> dict[str, Any]:
+             memory: tuple[float, float, float, float], comm: Any) -> dict[str, Any]:
         if comm is not None:
             calls, nbytes, time_s, exposed = (float(comm[k]) for k in ("calls", "bytes", "time_s",
                                                                         "exposed_s"))
@@ -277,14 +271,16 @@ class StepTimer(Instrument):
             calls = nbytes = time_s = exposed = 0.0 if self.world_size == 1 else NAN
         backward = phase_s.get("backward", 0.0)
         comm_s = min(exposed, backward) if not math.isnan(exposed) else 0.0
-        phases = {c: phase_s.get(c[:-2], 0.0) for c in PHASE_COLUMNS}
+        phases = {f"{name}_s": phase_s.get(name, 0.0) for name in _TIMED}
         phases["backward_s"] = backward - comm_s
         phases["comm_s"] = comm_s
+        phases["other_s"] = max(0.0, step_s - sum(phases.values()))
+        loss, grad_norm = record.scalars().values()
         return {
             "step": record.step, "rank": self.rank, "ts_end": ts_end, "step_s": step_s, "host_s": host_s,
-            **phases, "other_s": max(0.0, step_s - sum(phases.values())),
+            **{c: phases[c] for c in PHASE_COLUMNS},
             "tokens": record.tokens, "batch_size": record.batch_size, "micro_batches": record.micro_batches,
-            "loss": values[0], "grad_norm": values[1], "lr": float(record.lr),
+            "loss": loss, "grad_norm": grad_norm, "lr": float(record.lr),
             "loss_scale": NAN if record.loss_scale is None else float(record.loss_scale),
             "skipped": bool(record.skipped), "warmup": bool(record.warmup),
             "profiled": bool(self.profiled(record.step)),
@@ -297,14 +293,3 @@ class StepTimer(Instrument):
         if rows:
             self._rows += len(rows)
             self.writer.add_steps(rows)
-
-
-def _host_copy(loss: Any, grad_norm: Any) -> torch.Tensor | None:
-    """Enqueue a non-blocking device-to-host copy of [loss, grad_norm]; None if they are not CUDA tensors."""
-    if not (isinstance(loss, torch.Tensor) and isinstance(grad_norm, torch.Tensor) and loss.is_cuda
-            and grad_norm.device == loss.device):
-        return None
-    pair = torch.stack([loss.detach().float().reshape(()), grad_norm.detach().float().reshape(())])
-    host = torch.empty(2, dtype=torch.float32, pin_memory=True)
-    host.copy_(pair, non_blocking=True)
-    return host

@@ -39,6 +39,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, record_function, schedule
 
 from profiler.instruments.base import Instrument
+from reference_model.trainer import TrainStart
 
 log = logging.getLogger("glmperf.trace")
 
@@ -74,10 +75,10 @@ class TraceWindow(Instrument):
         return step in self.collected
 
     # -- hooks ------------------------------------------------------------------------------
-    def on_train_start(self, trainer: Any) -> None:
+    def on_train_start(self, start: TrainStart) -> None:
         if self.rank is None:
-            self.rank = getattr(getattr(trainer, "ctx", None), "rank", 0)
-        device = self.device or torch.device(getattr(trainer, "device", "cpu"))
+            self.rank = start.rank
+        device = self.device or start.device
         cuda = device.type == "cuda" and torch.cuda.is_available()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         self._prof = profile(
