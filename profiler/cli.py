@@ -1,9 +1,15 @@
-"""Command line: `profile-run` (measure a run) and `glmperf runs|show` (look at stored runs)."""
+"""Command line: `profile-run` (measure a run) and `glmperf <command>` (everything else).
+
+Every command takes `--runs-dir` (else $GLMPERF_RUNS, else ./runs), accepts a run as a directory,
+a run id or a run name (the latest of that name), prints for people by default and JSON with
+`--json`, and exits 0 on success, 1 on a finding that fails (a failed run), 2 on bad input with
+one line naming what is wrong.
+"""
 
 from __future__ import annotations
 
 import argparse
-import math
+import json
 import os
 import sys
 
@@ -11,11 +17,20 @@ import sys
 # output; 6 silences its info levels, a user's own KINETO_LOG_LEVEL wins.
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 from pathlib import Path
-from typing import Any
 
 from optimizers.config import ConfigError
-from profiler import store
+from profiler import console, store
 from profiler.config import load_config, shipped_presets
+
+EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class BadInput(Exception):
+    """Input the command cannot work with; its message is the one line the user sees."""
+
+
+def _add_runs_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runs-dir", type=Path, help="where runs are (default: $GLMPERF_RUNS or ./runs)")
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -29,62 +44,30 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="override one value, e.g. switches.amp=bf16 (repeatable)")
     p.add_argument("--steps", type=int, help="shorthand for --set train.steps=N")
     p.add_argument("--name", help="run name (default: the config's)")
-    p.add_argument("--runs-dir", type=Path, help="where runs go (default: $GLMPERF_RUNS or ./runs)")
+    _add_runs_dir(p)
     p.add_argument("--nproc", type=int, default=1, help="data-parallel ranks (torchrun; gloo on CPU, NCCL "
                    "on CUDA)")
     p.add_argument("--trace", action=argparse.BooleanOptionalAction, default=None,
                    help="record the torch.profiler window (default: the config's profile.trace)")
     p.add_argument("--no-progress", action="store_true", help="no live progress output")
+    p.add_argument("--json", action="store_true", help="print the run's record as JSON instead of the table")
     return p
 
 
-def _fmt(value: Any, unit: str = "", scale: float = 1.0, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value * scale:,.{digits}f}{unit}"
+def _show(run_dir: Path, *, as_json: bool) -> str:
+    """Print a run's summary (computed from the flushed steps when it did not end); returns its status."""
+    from profiler.analysis import load_run, summary_of
 
-
-def summary_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
-    """The headline figures of a run, as (name with unit, value) pairs."""
-    s = record.get("summary") or {}
-    st = s.get("step_time_s", {})
-    share = s.get("phase_share", {})
-    rows = [
-        ("status", str(record.get("status"))),
-        ("steps counted", f"{s.get('steps_counted', 0)} of {s.get('steps_total', 0)}"),
-        ("throughput/tokens_per_s", _fmt(s.get("tokens_per_s"), digits=0)),
-        ("time/step p50 (ms)", _fmt(st.get("p50"), scale=1e3, digits=1)),
-        ("time/step p90 (ms)", _fmt(st.get("p90"), scale=1e3, digits=1)),
-        ("time/step p99 (ms)", _fmt(st.get("p99"), scale=1e3, digits=1)),
-    ]
-    rows += [(f"time/{p} (%)", _fmt(share.get(p), scale=100, digits=1)) for p in
-             ("data", "h2d", "forward", "backward", "optimizer", "comm") if p in share]
-    rows += [
-        ("memory/peak (GiB)", _fmt(s.get("peak_memory_bytes"), scale=2**-30, digits=2)
-         + f"  [{s.get('peak_memory_source', '')}]"),
-        ("mfu (%)", _fmt(s.get("mfu"), scale=100, digits=2)
-         + f"  [peak {_fmt(s.get('peak_flops'), scale=1e-9, digits=0)} GFLOP/s, {s.get('peak_flops_source', '')}]"),
-        ("loss first -> last", f"{_fmt(s.get('loss_first'), digits=4)} -> {_fmt(s.get('loss_last'), digits=4)}"),
-    ]
-    if record.get("error"):
-        rows.append(("error", str(record["error"])))
-    return rows
-
-
-def print_summary(record: dict[str, Any], run_dir: Path) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"run {record.get('id')}", show_header=False)
-    for name, value in summary_rows(record):
-        table.add_row(name, value)
-    console = Console()
-    console.print(table)
-    for note in (record.get("summary") or {}).get("notes", []):
-        console.print(f"  note: {note}")
-    console.print(f"run:    {run_dir}")
-    report = run_dir / "report.html"
-    console.print(f"report: {report if report.exists() else 'not rendered (reports come with the reports issue)'}")
+    run = load_run(run_dir)
+    if run.problems:
+        raise BadInput(f"run {run.id} is corrupt: {'; '.join(run.problems)}")
+    summary = summary_of(run)
+    if as_json:
+        print(json.dumps({"id": run.id, "path": str(run.path), "status": run.status, "error": run.record.get("error"),
+                          "summary": summary}, indent=2, default=str))
+    else:
+        console.print_summary(run.record, summary, run.status, run.path, sys.stdout)
+    return run.status
 
 
 def profile_run_main(argv: list[str] | None = None) -> int:
@@ -98,73 +81,91 @@ def profile_run_main(argv: list[str] | None = None) -> int:
         overrides.append(f"profile.trace={str(args.trace).lower()}")
     try:
         cfg = load_config(config=args.config, preset=args.preset, overrides=overrides, nproc=args.nproc)
-    except ConfigError as exc:
+        store.check_runs_dir(store.default_runs_dir(args.runs_dir))
+    except (ConfigError, store.StoreError) as exc:
         print(f"profile-run: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     from profiler.run import profile_run
 
     run_dir = profile_run(cfg, runs_dir=args.runs_dir, nproc=args.nproc, progress=not args.no_progress)
-    record = store.read_run(run_dir)
-    print_summary(record, run_dir)
-    return {"completed": 0, "interrupted": 130}.get(record["status"], 1)
+    try:
+        status = _show(run_dir, as_json=args.json)
+    except (BadInput, store.StoreError) as exc:
+        print(f"profile-run: error: {exc}", file=sys.stderr)
+        return EXIT_FINDING
+    return {"completed": EXIT_OK, "interrupted": 130}.get(status, EXIT_FINDING)
 
 
 def _init_run(args: argparse.Namespace) -> int:
     from profiler.run import create_run_dir
 
-    try:
-        cfg = load_config(config=args.config, preset=args.preset, overrides=args.overrides, nproc=args.nproc)
-    except ConfigError as exc:
-        print(f"glmperf: error: {exc}", file=sys.stderr)
-        return 2
+    cfg = load_config(config=args.config, preset=args.preset, overrides=args.overrides, nproc=args.nproc)
+    store.check_runs_dir(store.default_runs_dir(args.runs_dir))
     print(create_run_dir(cfg, runs_dir=args.runs_dir, nproc=args.nproc, launcher=False))
-    return 0
+    return EXIT_OK
 
 
-def _finalize(run_dir: Path) -> int:
-    from profiler.config import build_run_config
+def _finalize(run_dir: Path, *, as_json: bool) -> int:
     from profiler.run import finalize
 
-    if not (run_dir / "run.json").exists():
-        print(f"glmperf: error: {run_dir} is not a run directory (no run.json)", file=sys.stderr)
-        return 2
-    record = store.read_run(run_dir)
-    record = finalize(run_dir, build_run_config(record["config"]), world_size=int(record["world_size"]))
-    print_summary(record, run_dir)
-    return 0 if record["status"] == "completed" else 1
+    store.read_run(run_dir)  # a clear error before anything is moved
+    finalize(run_dir)
+    return EXIT_OK if _show(run_dir, as_json=as_json) == "completed" else EXIT_FINDING
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="glmperf", description="glmperf: stored runs")
+def _runs(runs_dir: Path, *, as_json: bool) -> int:
+    if not runs_dir.is_dir():
+        raise BadInput(f"no runs directory at {runs_dir} (profile-run creates it; choose another with "
+                       "--runs-dir or $GLMPERF_RUNS)")
+    runs = store.list_runs(runs_dir)
+    if as_json:
+        print(json.dumps(runs, indent=2, default=str))
+    elif not runs:
+        print(f"no runs in {runs_dir}")
+    else:
+        console.print_runs(runs, sys.stdout)
+    return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="glmperf", description="glmperf: look at, and finish, stored runs")
     sub = parser.add_subparsers(dest="command", required=True)
-    runs = sub.add_parser("runs", help="list stored runs")
-    runs.add_argument("--runs-dir", type=Path)
-    show = sub.add_parser("show", help="a run's summary")
-    show.add_argument("run", type=Path, help="run directory")
+    runs = sub.add_parser("runs", help="list stored runs (corrupt ones with what is wrong)")
+    for name, help_text in (("show", "a run's summary (also of a live or killed run)"),
+                            ("finalize", "merge the ranks' files of a run (init-run, or killed) and store its "
+                                         "summary")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("run", help="run directory, run id or run name (the latest of that name)")
+        _add_runs_dir(p)
+        p.add_argument("--json", action="store_true")
+    _add_runs_dir(runs)
+    runs.add_argument("--json", action="store_true")
     init = sub.add_parser("init-run", help="validate a config and create a run for ranks started elsewhere "
                           "(torchrun on several nodes, Slurm); prints the run directory")
     init.add_argument("--config", type=Path)
     init.add_argument("--preset")
     init.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     init.add_argument("--nproc", type=int, required=True, help="the world size the ranks will have")
-    init.add_argument("--runs-dir", type=Path)
-    fin = sub.add_parser("finalize", help="merge the ranks' files of a run started with init-run, write its summary")
-    fin.add_argument("run", type=Path, help="run directory")
-    args = parser.parse_args(argv)
-    if args.command == "init-run":
-        return _init_run(args)
-    if args.command == "finalize":
-        return _finalize(args.run)
-    if args.command == "runs":
-        for r in store.list_runs(store.default_runs_dir(args.runs_dir)):
-            tps = (r.get("summary") or {}).get("tokens_per_s")
-            print(f"{r['id']:<48} {r['status']:<11} {_fmt(tps, digits=0):>10} tok/s  {r['path']}")
-        return 0
-    if not (args.run / "run.json").exists():
-        print(f"glmperf: error: {args.run} is not a run directory (no run.json)", file=sys.stderr)
-        return 2
-    print_summary(store.read_run(args.run), args.run)
-    return 0
+    _add_runs_dir(init)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    runs_dir = store.default_runs_dir(args.runs_dir)
+    try:
+        if args.command == "init-run":
+            return _init_run(args)
+        if args.command == "runs":
+            return _runs(runs_dir, as_json=args.json)
+        run_dir = store.resolve_run(args.run, runs_dir)
+        if args.command == "finalize":
+            return _finalize(run_dir, as_json=args.json)
+        _show(run_dir, as_json=args.json)
+        return EXIT_OK
+    except (BadInput, ConfigError, store.StoreError) as exc:
+        print(f"glmperf: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

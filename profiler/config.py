@@ -17,11 +17,11 @@ from typing import Any, ClassVar
 
 import yaml
 
-from optimizers import SetupContext, SwitchesConfig, check_all
+from optimizers import SwitchesConfig, check_all
 from optimizers.config import ConfigError, Section, build_section, section_to_dict
 from reference_model.config import PRESETS, DataConfig, GLMConfig, TrainConfig, resolve_model_section
 from reference_model.data import resolve_corpus
-from reference_model.trainer import resolve_device
+from reference_model.trainer import resolve_device, setup_context
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -206,8 +206,6 @@ def validate(cfg: RunConfig, *, nproc: int = 1) -> None:
         raise ConfigError("train.device", str(exc)) from None
     if device.type == "cuda" and not __import__("torch").cuda.is_available():
         raise ConfigError("train.device", f"got {cfg.train.device!r} but CUDA is not available; allowed: cpu, auto")
-    ctx = SetupContext(device=device, world_size=nproc, total_steps=cfg.train.steps, lr=cfg.train.lr,
-                       batch_size=cfg.train.batch_size, seq_len=cfg.data.seq_len,
-                       objective=cfg.data.objective,
-                       memory_budget_bytes=cfg.memory_budget_bytes)
+    ctx = setup_context(cfg.train, cfg.data, device=device, rank=0, world_size=nproc,
+                        memory_budget_bytes=cfg.memory_budget_bytes)
     check_all(cfg.switches, ctx)

@@ -71,8 +71,11 @@ def device_name(device: torch.device | str) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
 
 
-def environment(device: torch.device | str) -> dict[str, Any]:
-    """What run.json records about the machine: versions, device, CPU, memory, ranks, NVML."""
+def environment(device: torch.device | str, *, world_size: int = 1) -> dict[str, Any]:
+    """What run.json records about the machine: versions, device, CPU, memory, ranks, NVML.
+
+    `world_size` is the run's (the launcher knows it; its own environment says 1).
+    """
     device = torch.device(device)
     nvml_ok, nvml_why = nvml_status(device)
     env: dict[str, Any] = {
@@ -82,7 +85,7 @@ def environment(device: torch.device | str) -> dict[str, Any]:
         "cpu_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "memory_total_bytes": psutil.virtual_memory().total,
-        "world_size": int(os.environ.get("WORLD_SIZE", 1)), "rank": int(os.environ.get("RANK", 0)),
+        "world_size": world_size,
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "nvml": {"available": nvml_ok, "reason": nvml_why},
     }
@@ -97,6 +100,21 @@ def _matmul_kind(dtype: torch.dtype) -> str:
     if dtype == torch.float32:  # TF32 tensor cores serve fp32 matmuls unless precision is "highest"
         return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype).removeprefix("torch."))
+
+
+MATMUL_DTYPES: dict[str, torch.dtype] = {"off": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""The dtype a run's matmuls run in, by `switches.amp.dtype`: MFU divides by that dtype's peak."""
+
+
+def run_peak(device: torch.device | str, amp: str) -> dict[str, Any]:
+    """The peak one device of a run can reach with its matmul dtype: {"flops", "source", "dtype"}.
+
+    One device: a GPU, or the whole CPU of one host (ranks on one host share it, so the MFU of a
+    run divides by this times the number of GPUs, or of hosts on CPU).
+    """
+    dtype = MATMUL_DTYPES[amp]
+    flops, source = peak_flops(device, dtype)
+    return {"flops": flops, "source": source, "dtype": _matmul_kind(dtype)}
 
 
 def table_peak(name: str, dtype: torch.dtype) -> tuple[float, str] | None:

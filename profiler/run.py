@@ -4,18 +4,24 @@
 `nproc > 1` this process creates the run, launches the ranks with torchrun (each rank runs
 `python -m profiler.run --run-dir DIR` and writes only its own files), waits, and finalizes. A rank
 that fails fails the run with that rank named; SIGINT/SIGTERM leave the run `interrupted`; a crash
-leaves it `failed` with the error. Either way every step flushed before it stays readable.
+leaves it `failed` with the error, also when it is the launcher's own. Either way every step
+flushed before it stays readable.
+
+The device is resolved once per process (`resolve_device` of train.device) and handed down: to
+the environment record, the peak the MFU divides by, the setup context and the instruments.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
@@ -25,12 +31,13 @@ from typing import Any
 import torch
 
 from profiler import store
-from profiler.analysis.summary import summarize
+from profiler.analysis import load_run, summarize
 from profiler.config import RunConfig, build_run_config
-from profiler.device import environment, peak_flops
+from profiler.device import environment, run_peak
 from profiler.instruments import Instrument, Sampler, StepTimer, TraceWindow, choose_backend
+from profiler.instruments.comm import CommStats
 from profiler.progress import Progress
-from reference_model.trainer import Trainer, TrainerHook, dist_env, resolve_device
+from reference_model.trainer import Trainer, TrainerHook, dist_env, resolve_device, setup_context
 
 
 class Interrupted(KeyboardInterrupt):
@@ -59,10 +66,10 @@ class _Events(TrainerHook):
         self.writer.add_event(event)
 
 
-def _instruments(cfg: RunConfig, writer: store.RunWriter, *, rank: int) -> tuple[list[TrainerHook], dict]:
+def _instruments(cfg: RunConfig, writer: store.RunWriter, *, device: torch.device, rank: int,
+                 comm: CommStats | None) -> tuple[list[TrainerHook], dict]:
     """The default instruments for this run, and how the device is being sampled (for run.json)."""
-    device = resolve_device(cfg.train.device)
-    timer = StepTimer(writer, device=device, rank=rank)
+    timer = StepTimer(writer, device=device, rank=rank, comm=comm)
     hooks: list[TrainerHook] = [timer, _Events(writer)]
     backend, why = choose_backend(device)
     sampling = {"source": backend.source, "why": why, "hz": cfg.profile.sample_hz}
@@ -80,25 +87,35 @@ def _instruments(cfg: RunConfig, writer: store.RunWriter, *, rank: int) -> tuple
     return hooks, sampling
 
 
-def run_rank(run_dir: Path, cfg: RunConfig, *, rank: int, progress: bool,
-             extra_hooks: Sequence[TrainerHook] = ()) -> None:
-    """Train this rank with its instruments; record the rank's outcome in parts/status-r<rank>.json."""
+def run_rank(run_dir: Path, cfg: RunConfig, *, device: torch.device, rank: int = 0, world_size: int = 1,
+             progress: bool = True, extra_hooks: Sequence[TrainerHook] = ()) -> None:
+    """Train this rank with its instruments; its outcome goes to its status record (parts/status-r<rank>.json).
+
+    The status says `running` (with this process's pid and host) from the start, so a reader of a
+    live or killed run knows the ranks; it is rewritten with the outcome at the end.
+    """
     writer = store.RunWriter(run_dir, rank=rank, flush_interval_s=cfg.profile.flush_interval_s)
+    fields: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
+    store.write_rank_status(run_dir, rank, "running", **fields)
     hooks: list[TrainerHook] = []
-    status, fields = "failed", {}
+    status = "failed"
     try:
         with _sigterm_as_interrupt():
+            comm = CommStats(device) if world_size > 1 and cfg.profile.instruments else None
+            ctx = setup_context(cfg.train, cfg.data, device=device, rank=rank, world_size=world_size,
+                                memory_budget_bytes=cfg.memory_budget_bytes,
+                                wrap_comm_hook=comm.wrap if comm is not None else None)
             if cfg.profile.instruments:
-                hooks, fields["sampling"] = _instruments(cfg, writer, rank=rank)
+                hooks, fields["sampling"] = _instruments(cfg, writer, device=device, rank=rank, comm=comm)
             if progress and rank == 0:
                 hooks.append(Progress(total_steps=cfg.train.steps, every=cfg.train.log_every))
             hooks.extend(extra_hooks)
             trainer = Trainer(model_cfg=cfg.model, data_cfg=cfg.data, train_cfg=cfg.train,
-                              switches=cfg.switches, hooks=hooks, run_dir=run_dir,
-                              memory_budget_bytes=cfg.memory_budget_bytes)
+                              switches=cfg.switches, hooks=hooks, run_dir=run_dir, ctx=ctx)
             fields.update(flops_per_token=trainer.flops_per_token, applied=trainer.setup.applied,
                           notes=trainer.setup.notes, num_params=trainer.model.num_params(),
                           start_step=trainer.start_step)
+            store.write_rank_status(run_dir, rank, "running", **fields)
             trainer.fit()
         status = "completed"
     except KeyboardInterrupt as exc:
@@ -118,51 +135,66 @@ def run_rank(run_dir: Path, cfg: RunConfig, *, rank: int, progress: bool,
         store.write_rank_status(run_dir, rank, status, **fields)
 
 
-def finalize(run_dir: Path, cfg: RunConfig, *, world_size: int, launcher_error: str | None = None
-             ) -> dict[str, Any]:
-    """Merge the ranks' files, decide the run's status, write the summary into run.json."""
-    statuses = {s["rank"]: s for s in store.read_rank_statuses(run_dir)}
-    store.compact(run_dir)
-    failed = [r for r in range(world_size) if statuses.get(r, {}).get("status") == "failed"]
-    silent = [r for r in range(world_size) if r not in statuses]
+def _outcome(world_size: int, statuses: dict[int, dict[str, Any]], launcher_error: str | None
+             ) -> tuple[str, str | None]:
+    """The run's status and error from the ranks' records and what the launcher saw."""
+    if not statuses and launcher_error:
+        return "failed", f"the launch failed before any rank started: {launcher_error}"
+    ended = {r: s for r, s in statuses.items() if s.get("status") != "running"}
+    failed = [r for r in range(world_size) if ended.get(r, {}).get("status") == "failed"]
+    silent = [r for r in range(world_size) if r not in ended]
     if silent and launcher_error:  # a rank killed outright is the root cause; others fail after it
-        status = "failed"
         error = f"rank {silent[0]} failed: it died without reporting a status ({launcher_error})"
         if failed:
-            error += f"; then rank {failed[0]} failed: {statuses[failed[0]].get('error')}"
-    elif failed:
-        status, error = "failed", f"rank {failed[0]} failed: {statuses[failed[0]].get('error')}"
-    elif any(s.get("status") == "interrupted" for s in statuses.values()):
-        status, error = "interrupted", next(s.get("error") for s in statuses.values() if s.get("error"))
-    elif silent:
-        status, error = "failed", f"rank {silent[0]} failed: it ended without reporting a status"
-    else:
-        status, error = "completed", None
+            error += f"; then rank {failed[0]} failed: {ended[failed[0]].get('error')}"
+        return "failed", error
+    if failed:
+        return "failed", f"rank {failed[0]} failed: {ended[failed[0]].get('error')}"
+    if launcher_error:  # ranks it stopped say `interrupted`, but the launch is what failed
+        return "failed", f"the launch failed: {launcher_error}"
+    if any(s.get("status") == "interrupted" for s in ended.values()):
+        return "interrupted", next(s.get("error") for s in ended.values() if s.get("error"))
+    if silent:
+        return "failed", f"rank {silent[0]} failed: it ended without reporting a status"
+    return "completed", None
+
+
+def finalize(run_dir: Path, *, launcher_error: str | None = None) -> dict[str, Any]:
+    """Merge the ranks' files, decide the run's status, write the summary into run.json."""
+    record = store.read_run(run_dir)
+    world_size = int(record["world_size"])
+    statuses = {s["rank"]: s for s in store.read_rank_statuses(run_dir)}
+    store.compact(run_dir)
+    status, error = _outcome(world_size, statuses, launcher_error)
     rank0 = statuses.get(0, {})
-    device = resolve_device(cfg.train.device)
-    dtype = torch.bfloat16 if cfg.switches.amp.dtype != "off" else torch.float32
-    peak, peak_source = peak_flops(device, dtype)
-    steps = store.read_table(run_dir, "steps")
-    summary = summarize(steps, warmup_steps=cfg.profile.warmup_steps,
-                        flops_per_token=rank0.get("flops_per_token", float("nan")), peak_flops=peak,
-                        world_size=world_size, samples=store.read_table(run_dir, "samples"))
-    summary["peak_flops_source"] = peak_source
-    return store.update_run(
+    fields: dict[str, Any] = {}
+    if not record.get("peak"):  # ranks started elsewhere (init-run): measured here, now
+        cfg = build_run_config(record["config"])
+        fields["peak"] = run_peak(resolve_device(cfg.train.device), cfg.switches.amp.dtype)
+    store.update_run(
         run_dir, status=status, error=error, ended=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        summary=summary, ranks=list(statuses.values()),
+        ranks=list(statuses.values()),
         model={"num_params": rank0.get("num_params"), "flops_per_token": rank0.get("flops_per_token")},
         switches_applied=rank0.get("applied", []), setup_notes=rank0.get("notes", []),
-        sampling=rank0.get("sampling"))
+        sampling=rank0.get("sampling"), **fields)
+    return store.update_run(run_dir, summary=summarize(load_run(run_dir)))
 
 
 def create_run_dir(cfg: RunConfig, *, runs_dir: Path | None, nproc: int, launcher: bool = True) -> Path:
     """The run directory with run.json (`running`, the resolved config, this machine's environment).
 
-    `launcher=False` when ranks are started elsewhere (`glmperf init-run`): no process of ours
-    watches the run, so liveness is judged by the ranks' heartbeats alone.
+    With `launcher`, the peak MFU divides by is measured now, before any rank starts, so even a
+    run killed midway has its MFU. `launcher=False` when ranks are started elsewhere (`glmperf
+    init-run`): no process of ours watches the run, so liveness is judged by the ranks' heartbeats
+    alone, and the peak is measured at finalize.
     """
-    record = {"config": cfg.to_dict(), "world_size": nproc,
-              "environment": environment(resolve_device(cfg.train.device)), **({} if launcher else {"pid": None})}
+    device = resolve_device(cfg.train.device)
+    record: dict[str, Any] = {"config": cfg.to_dict(), "world_size": nproc,
+                              "environment": environment(device, world_size=nproc)}
+    if launcher:
+        record["peak"] = run_peak(device, cfg.switches.amp.dtype)
+    else:
+        record["pid"] = None
     return store.create_run(store.default_runs_dir(runs_dir), cfg.name, record)
 
 
@@ -170,7 +202,8 @@ def profile_run(cfg: RunConfig, *, runs_dir: Path | None = None, nproc: int = 1,
                 hooks: Sequence[TrainerHook] = ()) -> Path:
     """Run and measure `cfg`; returns the run directory (its run.json says how it ended).
 
-    `hooks` are extra trainer hooks for a single-process run (your own callbacks).
+    `hooks` are extra trainer hooks for a single-process run (your own callbacks). A failure of a
+    rank is that rank's record; a failure of this process (the launcher) is the run's `error`.
     """
     if hooks and nproc > 1:
         raise ValueError("extra hooks run in-process; with nproc > 1 the ranks are separate processes")
@@ -178,33 +211,76 @@ def profile_run(cfg: RunConfig, *, runs_dir: Path | None = None, nproc: int = 1,
     launcher_error = None
     try:
         if nproc == 1:
-            run_rank(run_dir, cfg, rank=0, progress=progress, extra_hooks=hooks)
+            run_rank(run_dir, cfg, device=resolve_device(cfg.train.device), progress=progress, extra_hooks=hooks)
         else:
             launcher_error = _launch_ranks(run_dir, nproc, progress=progress)
-    except BaseException:  # noqa: S110 - the rank recorded `failed`/`interrupted` and the error
-        pass
+    except KeyboardInterrupt:
+        pass  # the ranks recorded `interrupted`; the run says so
+    except Exception as exc:
+        if nproc > 1:  # rank 0 in this process recorded its own failure; this one is the launcher's
+            launcher_error = f"{type(exc).__name__}: {exc}"
     finally:
-        finalize(run_dir, cfg, world_size=nproc, launcher_error=launcher_error)
+        finalize(run_dir, launcher_error=launcher_error)
     return run_dir
 
 
+def torchrun_root_cause(stderr: str) -> str | None:
+    """The first failed rank as torchrun's failure report names it: rank, exit code, and why."""
+    report = stderr.split("Root Cause (first observed failure):", 1)
+    if len(report) < 2:
+        return None
+    block = report[1]
+    fields = dict(re.findall(r"^\s*(rank|exitcode|traceback)\s*:\s*(.+?)\s*$", block, re.M)[:3])
+    if "rank" not in fields:
+        return None
+    text = f"rank {fields['rank']} exited with code {fields.get('exitcode', '?')}"
+    why = fields.get("traceback", "")
+    return f"{text}: {why}" if why and not why.startswith("To enable traceback") else text
+
+
+def _stop_orphans(run_dir: Path) -> list[int]:
+    """SIGTERM ranks of this host still `running` after their launcher died (torchrun starts each in
+    its own session, so they outlive it); returns their ranks."""
+    stopped = []
+    for status in store.read_rank_statuses(run_dir):
+        if status.get("status") == "running" and status.get("host") == socket.gethostname() and status.get("pid"):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(status["pid"]), signal.SIGTERM)
+                stopped.append(int(status["rank"]))
+    deadline = time.monotonic() + 30
+    while stopped and time.monotonic() < deadline and any(
+            s.get("status") == "running" and s["rank"] in stopped for s in store.read_rank_statuses(run_dir)):
+        time.sleep(0.2)
+    return stopped
+
+
 def _launch_ranks(run_dir: Path, nproc: int, *, progress: bool) -> str | None:
-    """torchrun the ranks and wait; returns the launcher's complaint when it failed."""
+    """torchrun the ranks and wait; returns what went wrong when the launch failed.
+
+    torchrun's and the ranks' stderr go to the run's launcher.log, not a pipe: ranks left behind
+    by a dead agent keep a pipe open, and waiting for its end would wait for them.
+    """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "profiler.run", "--run-dir", str(run_dir)] + ([] if progress else ["--no-progress"])
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1)
-                                                                                       // nproc)))}
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        _, err = proc.communicate()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-        raise
-    if proc.returncode != 0:
-        sys.stderr.write(err[-4000:])
-        return f"torchrun exited {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else ''}"
-    return None
+    threads = os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    with store.launcher_log(run_dir) as log:
+        proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": threads}, stderr=log)
+        try:
+            proc.wait()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+            raise
+    if proc.returncode == 0:
+        return None
+    err = store.read_launcher_log(run_dir)
+    sys.stderr.write(err[-4000:])
+    if proc.returncode < 0:  # the agent itself was killed: its ranks may still be running
+        stopped = _stop_orphans(run_dir)
+        agent = f"the torchrun agent was killed by {signal.Signals(-proc.returncode).name}"
+        return agent + (f"; rank(s) {', '.join(map(str, stopped))} stopped with it" if stopped else "")
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    return torchrun_root_cause(err) or f"torchrun exited {proc.returncode}: {last}"
 
 
 def rank_main(argv: list[str] | None = None) -> None:
@@ -213,11 +289,11 @@ def rank_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    record = json.loads((args.run_dir / "run.json").read_text(encoding="utf-8"))
-    cfg = build_run_config(record["config"])
-    rank, _ = dist_env()
+    cfg = build_run_config(store.read_run(args.run_dir)["config"])
+    rank, world_size = dist_env()
     try:
-        run_rank(args.run_dir, cfg, rank=rank, progress=not args.no_progress)
+        run_rank(args.run_dir, cfg, device=resolve_device(cfg.train.device), rank=rank, world_size=world_size,
+                 progress=not args.no_progress)
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

@@ -25,13 +25,32 @@ import pyarrow.parquet as pq
 
 SCHEMA_VERSION = 1
 TABLES = ("steps", "samples", "ops")
+FINAL_STATUSES = ("completed", "failed", "interrupted")
+"""Statuses written when a run ends (its parts compacted into the tables)."""
 STALE_AFTER_S = 60.0
 """A `running` run from another host whose heartbeats are all older than this is `incomplete`."""
+
+
+class StoreError(ValueError):
+    """A run directory or runs directory that cannot be used; the message says what is wrong."""
 
 
 def default_runs_dir(cli_value: str | Path | None = None) -> Path:
     """--runs-dir, else $GLMPERF_RUNS, else ./runs."""
     return Path(cli_value or os.environ.get("GLMPERF_RUNS") or "runs")
+
+
+def check_runs_dir(runs_dir: Path) -> None:
+    """Make sure runs can be created under `runs_dir` (creating it), before any work starts."""
+    if runs_dir.exists() and not runs_dir.is_dir():
+        raise StoreError(f"runs directory {runs_dir} is a file, not a directory")
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        probe = runs_dir / f".probe-{os.getpid()}-{secrets.token_hex(3)}"
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as exc:
+        raise StoreError(f"runs directory {runs_dir} is not writable: {exc.strerror or exc}") from None
 
 
 def _utc_now() -> str:
@@ -66,19 +85,67 @@ def create_run(runs_dir: Path, name: str, record: dict[str, Any]) -> Path:
     return run_dir
 
 
+def _read_record(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "run.json"
+    if not path.is_file():
+        raise StoreError(f"{run_dir} is not a run directory (no run.json)")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise StoreError(f"{path} is not valid JSON (truncated or damaged: {exc})") from None
+    if not isinstance(record, dict) or "status" not in record:
+        raise StoreError(f"{path} is not a run record (no status)")
+    return record
+
+
 def read_run(run_dir: Path) -> dict[str, Any]:
-    """run.json, with `status` turned to `incomplete` when a `running` run has gone silent."""
-    record = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    """run.json, with `status` turned to `incomplete` when a `running` run has gone silent.
+
+    Raises StoreError, saying what is wrong, when there is no readable run record.
+    """
+    record = _read_record(run_dir)
     if record.get("status") == "running" and _is_stale(run_dir, record):
         record["status"] = "incomplete"
     return record
 
 
 def update_run(run_dir: Path, **fields: Any) -> dict[str, Any]:
-    record = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    record = _read_record(run_dir)
     record.update(fields)
     write_json_atomic(run_dir / "run.json", record)
     return record
+
+
+def file_problems(run_dir: Path, record: dict[str, Any]) -> list[str]:
+    """What is missing or unreadable among a run's tables (cheap: parquet footers only)."""
+    problems = []
+    for table in TABLES:
+        path = run_dir / f"{table}.parquet"
+        if not path.exists():
+            if record.get("status") in FINAL_STATUSES and not _part_files(run_dir, table):
+                problems.append(f"{path.name} is missing")
+            continue
+        try:
+            pq.read_metadata(path)
+        except (OSError, pa.ArrowException) as exc:
+            problems.append(f"{path.name} is not readable parquet (truncated or damaged: {exc})")
+    return problems
+
+
+def resolve_run(ref: str | Path, runs_dir: Path) -> Path:
+    """A run directory from what a user typed: a path, a run id in `runs_dir`, or a run name (latest)."""
+    path = Path(ref)
+    if path.is_dir():  # whether it holds a run is for the reader to say
+        return path
+    if (runs_dir / str(ref)).is_dir():
+        return runs_dir / str(ref)
+    named = [r for r in list_runs(runs_dir) if r.get("name") == str(ref)]
+    if named:
+        return Path(named[0]["path"])
+    raise StoreError(f"no run {str(ref)!r}: not a run directory, nor a run id or name in {runs_dir} "
+                     "(`glmperf runs` lists them)")
 
 
 def _is_stale(run_dir: Path, record: dict[str, Any]) -> bool:
@@ -182,14 +249,24 @@ def _part_files(run_dir: Path, table: str) -> list[Path]:
     return sorted((run_dir / "parts").glob(f"{table}-r*-*.parquet")) if (run_dir / "parts").is_dir() else []
 
 
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise StoreError(f"{path} is not readable parquet (truncated or damaged: {exc})") from None
+
+
 def read_table(run_dir: Path, table: str) -> pd.DataFrame:
-    """A table of the run: the compacted file if there is one, else the live parts concatenated."""
+    """A table of the run: the compacted file if there is one, else the live parts concatenated.
+
+    Raises StoreError naming the file when it is not readable parquet.
+    """
     if table not in TABLES:
         raise ValueError(f"unknown table {table!r}; known: {', '.join(TABLES)}")
     path = run_dir / f"{table}.parquet"
     if path.exists():
-        return pd.read_parquet(path)
-    frames = [pd.read_parquet(p) for p in _part_files(run_dir, table)]
+        return _read_parquet(path)
+    frames = [_read_parquet(p) for p in _part_files(run_dir, table)]
     frames = [f for f in frames if not f.empty]
     if not frames:
         return pd.DataFrame()
@@ -232,16 +309,46 @@ def compact(run_dir: Path) -> None:
 
 
 def list_runs(runs_dir: Path) -> list[dict[str, Any]]:
-    """Every run under `runs_dir`, newest first, each with its `path`."""
+    """Every run under `runs_dir`, newest first, each with its `path`.
+
+    A run whose record or tables cannot be read is listed too, with status `corrupt` and its
+    `problems`; a directory without run.json is not a run and is skipped.
+    """
     if not runs_dir.is_dir():
         return []
     out = []
     for run_json in runs_dir.glob("*/run.json"):
+        run_dir = run_json.parent
         try:
-            out.append({**read_run(run_json.parent), "path": str(run_json.parent)})
-        except (OSError, json.JSONDecodeError):
-            continue
+            record = read_run(run_dir)
+        except StoreError as exc:
+            created = datetime.fromtimestamp(run_json.stat().st_mtime, timezone.utc).isoformat(timespec="seconds")
+            record = {"id": run_dir.name, "status": "corrupt", "problems": [str(exc)], "created": created}
+        else:
+            problems = file_problems(run_dir, record)
+            if problems:
+                record = {**record, "stored_status": record["status"], "status": "corrupt", "problems": problems}
+        out.append({**record, "path": str(run_dir)})
     return sorted(out, key=lambda r: r.get("created") or "", reverse=True)
+
+
+LAUNCHER_LOG = "launcher.log"
+
+
+def launcher_log(run_dir: Path) -> Any:
+    """The run's launcher.log opened for appending: torchrun's and the ranks' stderr go there."""
+    return open(run_dir / LAUNCHER_LOG, "ab")  # noqa: SIM115 - the caller's `with` closes it
+
+
+def read_launcher_log(run_dir: Path) -> str:
+    path = run_dir / LAUNCHER_LOG
+    return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+
+def report_path(run_dir: Path) -> Path | None:
+    """The run's HTML report, when one was rendered."""
+    path = run_dir / "report.html"
+    return path if path.is_file() else None
 
 
 def rank_status_path(run_dir: Path, rank: int) -> Path:
@@ -253,8 +360,9 @@ def write_rank_status(run_dir: Path, rank: int, status: str, **fields: Any) -> N
 
 
 def read_rank_statuses(run_dir: Path) -> list[dict[str, Any]]:
+    """Each rank's own record of how it is doing (`running` from its start, then how it ended)."""
     out = []
-    for path in sorted((run_dir / "parts").glob("status-r*.json")):
+    for path in sorted((run_dir / "parts").glob("status-r*.json"), key=lambda p: int(p.stem[len("status-r"):])):
         try:
             out.append(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, json.JSONDecodeError):

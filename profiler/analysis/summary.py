@@ -1,9 +1,10 @@
-"""The run summary: latency percentiles, phase shares, throughput, MFU, memory, communication, I/O.
+"""The run summary (run.json `summary`): latency percentiles, phase shares, throughput, MFU, memory,
+communication and I/O, computed from a loaded run by pure functions.
 
-Pure: data frames in, a dict out (stored as `summary` in run.json). Steps are first reduced
-across ranks (a data-parallel step ends when its slowest rank does, so its time is the max over
-ranks and its tokens the sum), then warmup steps (the first `warmup_steps`, compile steps, and
-steps inside the torch.profiler window, whose overhead is not the run's) are excluded and said so.
+`finalize` stores `summarize(load_run(dir))`; running it again on the same files gives the same
+dict, so any stored run can be re-summarized (or summarized while it runs, or after a kill)
+without the orchestrator. Keys: docs/run-format.md. Steps are merged across ranks and reduced to
+the steady state first (profiler.analysis.steps).
 """
 
 from __future__ import annotations
@@ -13,87 +14,82 @@ from typing import Any
 
 import pandas as pd
 
-PHASES = ("data", "h2d", "forward", "backward", "optimizer", "comm", "checkpoint", "other")
+from profiler.analysis.loader import RunData
+from profiler.analysis.steps import merge_ranks, steady_steps
+from profiler.metrics import PHASES, lookup
 
-
-def steady_steps(steps: pd.DataFrame, warmup_steps: int) -> tuple[pd.DataFrame, list[str]]:
-    """Rows that represent the run's steady state, and the reasons rows were left out."""
-    notes: list[str] = []
-    if steps.empty:
-        return steps, ["no steps were recorded"]
-    first = int(steps["step"].min())
-    keep = steps["step"] >= first + warmup_steps
-    notes.append(f"first {warmup_steps} step(s) excluded as warmup")
-    for column, why in (("warmup", "compile"), ("profiled", "inside the torch.profiler window")):
-        if column in steps and steps[column].any():
-            keep &= ~steps[column].astype(bool)
-            notes.append(f"steps {why} excluded")
-    if not keep.any():
-        notes.append("too few steps for that: all steps used")
-        return steps, notes
-    return steps[keep], notes
-
-
-def per_step(steps: pd.DataFrame) -> pd.DataFrame:
-    """One row per step: step time = slowest rank, tokens = all ranks."""
-    agg: dict[str, Any] = {"step_s": "max", "tokens": "sum"}
-    return steps.groupby("step").agg(agg)
+NAN = math.nan
 
 
 def _pct(series: pd.Series, q: float) -> float:
-    return float(series.quantile(q)) if len(series) else math.nan
+    return float(series.quantile(q)) if len(series) else NAN
 
 
-def summarize(steps: pd.DataFrame, *, warmup_steps: int, flops_per_token: float,
-              peak_flops: float, world_size: int = 1, samples: pd.DataFrame | None = None
-              ) -> dict[str, Any]:
-    """The summary dict of run.json (keys documented in docs/run-format.md)."""
-    steady, notes = steady_steps(steps, warmup_steps)
+def _float(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) else NAN
+
+
+def _live_note(run: RunData, counted: int) -> list[str]:
+    status = run.record.get("status")
+    if status == "running":
+        return [f"the run is still running: summary of the {counted} steady step(s) flushed so far"]
+    if status == "incomplete":
+        return [f"the run was killed (its process is gone, status incomplete): summary of the steps flushed "
+                f"before it stopped; `glmperf finalize {run.path}` stores it"]
+    return []
+
+
+def summarize(run: RunData) -> dict[str, Any]:
+    """The summary dict of run.json for `run` (keys documented in docs/run-format.md)."""
+    profile = run.config.get("profile") or {}
+    merged, notes, memory_source = merge_ranks(run.steps, run.world_size)
+    steady, steady_notes = steady_steps(merged, int(profile.get("warmup_steps", 0)))
+    notes += steady_notes
     if steady.empty:
-        return {"steps_counted": 0, "notes": notes}
-    by_step = per_step(steady)
-    total_time = float(by_step["step_s"].sum())
-    tokens_per_s = float(by_step["tokens"].sum()) / total_time if total_time > 0 else math.nan
+        return {"steps_counted": 0, "steps_total": int(merged.index.nunique()) if not merged.empty else 0,
+                "notes": notes + _live_note(run, 0)}
+    notes += _live_note(run, len(steady))
+    total_time = float(steady["step_s"].sum())
+    tokens_per_s = float(steady["tokens"].sum()) / total_time if total_time > 0 else NAN
     mean_step = float(steady["step_s"].mean())
-    loss = steps.groupby("step")["loss"].mean()  # ranks see different samples: their mean
-    share = {p: float(steady[f"{p}_s"].mean()) / mean_step if f"{p}_s" in steady and mean_step > 0 else 0.0
-             for p in PHASES}
+    peak = run.record.get("peak") or {}
+    flops_per_token = _float(lookup(run.record, "model.flops_per_token") or run.rank(0).get("flops_per_token"))
+    capacity = _float(peak.get("flops")) * devices(run)
     summary: dict[str, Any] = {
-        "steps_counted": int(len(by_step)),
-        "steps_total": int(steps["step"].nunique()),
+        "steps_counted": int(len(steady)),
+        "steps_total": int(merged.index.nunique()),
         "notes": notes,
         "tokens_per_s": tokens_per_s,
-        "step_time_s": {"mean": float(by_step["step_s"].mean()), "p50": _pct(by_step["step_s"], 0.5),
-                        "p90": _pct(by_step["step_s"], 0.9), "p99": _pct(by_step["step_s"], 0.99),
-                        "max": float(by_step["step_s"].max())},
-        "phase_share": share,
+        "step_time_s": {"mean": mean_step, "p50": _pct(steady["step_s"], 0.5), "p90": _pct(steady["step_s"], 0.9),
+                        "p99": _pct(steady["step_s"], 0.99), "max": float(steady["step_s"].max())},
+        "phase_share": {p.name: float(steady[p.column].mean()) / mean_step if p.column in steady and mean_step > 0
+                        else 0.0 for p in PHASES},
         "flops_per_token": flops_per_token,
-        "peak_flops": peak_flops,
+        "peak_flops": _float(peak.get("flops")),
+        "peak_flops_source": peak.get("source", "not measured"),
+        "peak_dtype": peak.get("dtype"),
+        "devices": devices(run),
         "achieved_flops": tokens_per_s * flops_per_token,
-        "mfu": tokens_per_s * flops_per_token / (peak_flops * world_size) if peak_flops else math.nan,
-        "loss_first": float(loss.iloc[0]),
-        "loss_last": float(loss.iloc[-1]),
-        "skipped_steps": int(steps["skipped"].sum()) if "skipped" in steps else 0,
+        "mfu": tokens_per_s * flops_per_token / capacity if capacity > 0 else NAN,
+        "loss_first": float(merged["loss"].iloc[0]),
+        "loss_last": float(merged["loss"].iloc[-1]),
+        "skipped_steps": int(merged["skipped"].sum()) if "skipped" in merged else 0,
+        "peak_memory_bytes": float(merged["peak_memory_bytes"].max()),
+        "peak_memory_source": memory_source,
     }
-    summary.update(_memory(steps))
+    if "mem_reserved_peak_bytes" in run.steps and run.steps["mem_reserved_peak_bytes"].notna().any():
+        summary["peak_reserved_bytes"] = float(run.steps["mem_reserved_peak_bytes"].max())
     summary.update(_comm(steady))
-    summary.update(_io(steady, samples))
-    if "rank" in steady and steady["rank"].nunique() > 1:
-        by_rank = steady.groupby("rank")["step_s"].median()
-        summary["straggler"] = {"slowest_rank": int(by_rank.idxmax()),
-                                "slowest_over_median": float(by_rank.max() / by_rank.median())}
+    summary.update(_io(steady, run.samples))
+    summary.update(_straggler(run.steps, steady))
     return summary
 
 
-def _memory(steps: pd.DataFrame) -> dict[str, Any]:
-    cuda = steps.get("mem_alloc_peak_bytes")
-    if cuda is not None and cuda.notna().any():
-        return {"peak_memory_bytes": int(cuda.max()), "peak_memory_source": "torch.cuda.max_memory_allocated",
-                "peak_reserved_bytes": int(steps["mem_reserved_peak_bytes"].max())}
-    rss = steps.get("rss_peak_bytes", steps.get("rss_bytes"))
-    if rss is not None and rss.notna().any():
-        return {"peak_memory_bytes": int(rss.max()), "peak_memory_source": "process RSS (CPU)"}
-    return {"peak_memory_bytes": None, "peak_memory_source": "not measured"}
+def devices(run: RunData) -> int:
+    """How many devices the peak is counted for: one GPU per rank, or one CPU per host the ranks ran on."""
+    if str((run.record.get("environment") or {}).get("device", "cpu")).startswith("cuda"):
+        return run.world_size
+    return max(1, len({r["host"] for r in run.ranks if r.get("host")}))
 
 
 def _comm(steady: pd.DataFrame) -> dict[str, Any]:
@@ -105,20 +101,37 @@ def _comm(steady: pd.DataFrame) -> dict[str, Any]:
         "bytes_per_step": float(steady["comm_bytes"].mean()),
         "time_per_step_s": float(steady["comm_time_s"].mean()),
         "exposed_per_step_s": float(steady["comm_s"].mean()),
-        "overlap_share": 1.0 - float(steady["comm_s"].sum()) / time_s if time_s > 0 else math.nan,
-        "bandwidth_bytes_per_s": float(steady["comm_bytes"].sum()) / time_s if time_s > 0 else math.nan,
+        "overlap_share": 1.0 - float(steady["comm_s"].sum()) / time_s if time_s > 0 else NAN,
+        "bandwidth_bytes_per_s": float(steady["comm_bytes"].sum()) / time_s if time_s > 0 else NAN,
     }}
 
 
-def _io(steady: pd.DataFrame, samples: pd.DataFrame | None) -> dict[str, Any]:
-    """Data wait share of the step, and what the process and its loader workers read (CPU sampler)."""
+def _io(steady: pd.DataFrame, samples: pd.DataFrame) -> dict[str, Any]:
+    """Data wait share of the step, and what the ranks' processes and loader workers read (CPU sampler)."""
     io: dict[str, Any] = {"data_wait_share": float(steady["data_s"].sum() / steady["step_s"].sum())}
-    if samples is not None and not samples.empty and "io_read_bytes_per_s" in samples:
-        s = samples.dropna(subset=["io_read_bytes_per_s"]).sort_values("ts")
-        if len(s) >= 2:
-            dt = s["ts"].diff().fillna(0.0)
-            io.update(read_bytes=float((s["io_read_bytes_per_s"] * dt).sum()),
-                      read_bytes_per_s=float(s["io_read_bytes_per_s"].mean()),
-                      read_chars_per_s=float(s["io_read_chars_per_s"].mean()) if "io_read_chars_per_s" in s
-                      else math.nan)
+    if samples.empty or "io_read_bytes_per_s" not in samples:
+        return {"io": io}
+    read = chars = rate = 0.0
+    measured = False
+    for _, s in samples.dropna(subset=["io_read_bytes_per_s"]).sort_values("ts").groupby("rank"):
+        if len(s) < 2:
+            continue
+        measured = True
+        dt = s["ts"].diff().fillna(0.0)
+        read += float((s["io_read_bytes_per_s"] * dt).sum())
+        rate += float(s["io_read_bytes_per_s"].mean())
+        chars += float(s["io_read_chars_per_s"].mean()) if "io_read_chars_per_s" in s else NAN
+    if measured:
+        io.update(read_bytes=read, read_bytes_per_s=rate, read_chars_per_s=chars)
     return {"io": io}
+
+
+def _straggler(steps: pd.DataFrame, steady: pd.DataFrame) -> dict[str, Any]:
+    rows = steps[steps["step"].isin(steady.index)]
+    if rows["rank"].nunique() < 2:
+        return {}
+    by_rank = rows.groupby("rank")["step_s"].median()
+    critical = steady["critical_rank"].value_counts(normalize=True)
+    return {"straggler": {"slowest_rank": int(by_rank.idxmax()),
+                          "slowest_over_median": float(by_rank.max() / by_rank.median()),
+                          "critical_share": {str(int(r)): float(v) for r, v in critical.items()}}}

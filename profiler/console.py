@@ -1,0 +1,91 @@
+"""What the command line prints for people: a run's summary table and the list of runs.
+
+Plain text, never markup: values come from data (paths, errors from other processes, notes with
+brackets) and are printed as they are. Names and units come from the metric registry
+(profiler.metrics), so the table says what compare and the reports say.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+from profiler import store
+from profiler.metrics import METRIC_BY_NAME, PHASES, Metric
+
+HEADLINE = ("tokens_per_s", "step_time_p50", "step_time_p90", "step_time_p99")
+TAIL = ("comm_bytes_per_step", "comm_overlap", "read_bytes_per_s", "straggler")
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """A number for people (thousands separators, fixed digits); n/a for None and NaN."""
+    if not isinstance(value, (int, float)) or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:,.{digits}f}"
+
+
+def _metric_row(m: Metric, summary: Mapping[str, Any], note: str = "") -> tuple[str, str]:
+    unit = f" ({m.unit})" if m.unit else ""
+    value = fmt(m.value(summary), m.digits)
+    return f"{m.label}{unit}", f"{value}  [{note}]" if note and value != "n/a" else value
+
+
+def summary_rows(record: Mapping[str, Any], summary: Mapping[str, Any], status: str) -> list[tuple[str, str]]:
+    """The headline figures of a run, as (name with unit, value) pairs."""
+    rows = [("status", status),
+            ("steps counted", f"{summary.get('steps_counted', 0)} of {summary.get('steps_total', 0)}")]
+    rows += [_metric_row(METRIC_BY_NAME[n], summary) for n in HEADLINE]
+    shares = summary.get("phase_share") or {}
+    rows += [_metric_row(METRIC_BY_NAME[f"{p.name}_share"], summary) for p in PHASES if p.name in shares]
+    rows.append(_metric_row(METRIC_BY_NAME["peak_memory"], summary, str(summary.get("peak_memory_source", ""))))
+    peak = summary.get("peak_flops")
+    gflops = fmt(peak * 1e-9 if isinstance(peak, (int, float)) else None, 0)
+    peak_note = (f"peak {gflops} GFLOP/s {summary.get('peak_dtype') or ''} x {summary.get('devices', 1)}, "
+                 f"{summary.get('peak_flops_source', '')}")
+    rows.append(_metric_row(METRIC_BY_NAME["mfu"], summary, peak_note))
+    rows.append(("loss first -> last", f"{fmt(summary.get('loss_first'), 4)} -> {fmt(summary.get('loss_last'), 4)}"))
+    rows += [_metric_row(METRIC_BY_NAME[n], summary) for n in TAIL
+             if not math.isnan(METRIC_BY_NAME[n].value(summary))]
+    if record.get("error"):
+        rows.append(("error", str(record["error"])))
+    return rows
+
+
+def print_table(rows: Iterable[tuple[str, str]], out: TextIO, *, title: str = "") -> None:
+    rows = list(rows)
+    width = max((len(name) for name, _ in rows), default=0)
+    if title:
+        print(title, file=out)
+    for name, value in rows:
+        lines = value.splitlines() or [""]
+        print(f"  {name:<{width}}  {lines[0]}", file=out)
+        for more in lines[1:]:
+            print(f"  {'':<{width}}  {more}", file=out)
+
+
+def print_summary(record: Mapping[str, Any], summary: Mapping[str, Any], status: str, path: Path,
+                  out: TextIO) -> None:
+    """The run's table, its notes, and where its files are."""
+    print_table(summary_rows(record, summary, status), out, title=f"run {record.get('id')}")
+    for note in summary.get("notes", []):
+        print(f"  note: {note}", file=out)
+    print(f"run:    {path}", file=out)
+    report = store.report_path(Path(path))
+    if report is not None:
+        print(f"report: {report}", file=out)
+
+
+def print_runs(runs: list[dict[str, Any]], out: TextIO) -> None:
+    """One line per run: id, status, throughput, median step, and what is wrong with a corrupt one."""
+    tps, p50 = METRIC_BY_NAME["tokens_per_s"], METRIC_BY_NAME["step_time_p50"]
+    width = max(len(str(r.get("id"))) for r in runs)
+    print(f"{'run':<{width}}  {'status':<11} {'tokens/s':>10} {'step p50':>10}  path", file=out)
+    for r in runs:
+        summary = r.get("summary") or {}
+        line = (f"{r.get('id')!s:<{width}}  {r['status']:<11} {fmt(tps.value(summary), 0):>10} "
+                f"{fmt(p50.value(summary), 1) + ' ms':>10}  {r['path']}")
+        print(line, file=out)
+        for problem in r.get("problems", []):
+            print(f"{'':<{width}}  corrupt: {problem}", file=out)

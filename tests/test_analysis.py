@@ -1,0 +1,144 @@
+"""The analysis core: one way into a stored run, and a summary that any stored run reproduces."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from profiler import store
+from profiler.analysis import load_run, summarize, summary_of
+from profiler.analysis.steps import merge_ranks
+from profiler.metrics import METRICS, PHASE_COLUMNS, PHASES
+from tests.conftest import copy_run
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def same(a: Any, b: Any) -> bool:
+    """Exact equality of JSON-shaped data, NaN equal to NaN."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("fixture", ["completed_run", "failed_run", "interrupted_run"])
+def test_re_summarizing_a_stored_run_gives_the_stored_summary_exactly(fixture: str, request) -> None:
+    run_dir: Path = request.getfixturevalue(fixture)
+    stored = json.loads((run_dir / "run.json").read_text())["summary"]
+    assert stored["steps_counted"] > 0
+    assert same(summarize(load_run(run_dir)), stored)
+
+
+@pytest.mark.slow
+def test_re_summarizing_a_two_rank_run_gives_the_stored_summary_exactly(two_rank_run: Path) -> None:
+    stored = json.loads((two_rank_run / "run.json").read_text())["summary"]
+    assert same(summarize(load_run(two_rank_run)), stored)
+
+
+@pytest.mark.slow
+def test_shares_describe_the_slowest_ranks_critical_path(two_rank_run: Path) -> None:
+    steps = store.read_table(two_rank_run, "steps")
+    steady = steps[steps["step"] >= 1]
+    slowest = steady.loc[steady.groupby("step")["step_s"].idxmax()]
+    share = store.read_run(two_rank_run)["summary"]["phase_share"]
+    for phase in PHASES:
+        assert share[phase.name] == pytest.approx(slowest[phase.column].sum() / slowest["step_s"].sum(), rel=1e-9)
+    assert sum(share.values()) == pytest.approx(1.0, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_steps_recorded_by_only_some_ranks_are_left_out_and_said(two_rank_run: Path) -> None:
+    steps = store.read_table(two_rank_run, "steps")
+    lost = steps[~((steps["rank"] == 1) & (steps["step"] >= 4))]  # rank 1's rows of steps 4 and 5 never flushed
+    merged, notes, _ = merge_ranks(lost, world_size=2)
+    assert list(merged.index) == [0, 1, 2, 3]
+    assert notes == ["step(s) 4-5 were recorded by fewer than all 2 ranks (a rank stopped early) and are left out"]
+    assert (merged["tokens"] == 2 * 4 * 32).all()
+
+
+def test_a_live_run_is_read_from_its_parts_and_summarized_so_far(live_run: Path) -> None:
+    run = load_run(live_run)
+    assert run.status == "running" and not run.ended and not (live_run / "steps.parquet").exists()
+    assert list(run.steps["step"]) == list(range(6))
+    assert run.rank(0)["status"] == "running" and run.rank(0)["flops_per_token"] > 0
+    summary = summary_of(run)
+    counted = run.steps[run.steps["step"] >= 1]
+    assert summary["steps_counted"] == 5
+    assert summary["tokens_per_s"] == pytest.approx(counted["tokens"].sum() / counted["step_s"].sum(), rel=1e-12)
+    assert summary["mfu"] > 0  # the peak was measured when the run was created
+    assert "still running" in summary["notes"][-1]
+
+
+def test_a_killed_run_is_summarized_from_what_was_flushed(killed_run: Path) -> None:
+    run = load_run(killed_run)
+    assert run.status == "incomplete"
+    summary = summary_of(run)
+    assert summary["steps_counted"] == len(run.steps) - 1 and summary["tokens_per_s"] > 0
+    assert "killed" in summary["notes"][-1] and "glmperf finalize" in summary["notes"][-1]
+
+
+def test_a_truncated_table_makes_the_run_corrupt_and_says_which(completed_run: Path, tmp_path: Path) -> None:
+    run_dir = copy_run(completed_run, tmp_path)
+    path = run_dir / "steps.parquet"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    run = load_run(run_dir)
+    assert run.status == "corrupt" and run.steps.empty
+    assert len(run.problems) == 1 and run.problems[0].startswith("steps.parquet is not readable parquet")
+    (listed,) = store.list_runs(tmp_path)
+    assert listed["status"] == "corrupt" and listed["stored_status"] == "completed"
+
+
+def test_a_missing_table_makes_the_run_corrupt(completed_run: Path, tmp_path: Path) -> None:
+    run_dir = copy_run(completed_run, tmp_path)
+    (run_dir / "steps.parquet").unlink()
+    assert load_run(run_dir).problems == ["steps.parquet is missing"]
+
+
+def test_a_truncated_run_json_is_one_clear_error(completed_run: Path, tmp_path: Path) -> None:
+    run_dir = copy_run(completed_run, tmp_path)
+    (run_dir / "run.json").write_text((run_dir / "run.json").read_text()[:200])
+    with pytest.raises(store.StoreError, match=r"run\.json is not valid JSON \(truncated or damaged"):
+        load_run(run_dir)
+    (listed,) = store.list_runs(tmp_path)
+    assert listed["status"] == "corrupt" and "not valid JSON" in listed["problems"][0]
+
+
+def test_runs_are_found_by_directory_id_or_name(completed_run: Path) -> None:
+    runs_dir = completed_run.parent
+    assert store.resolve_run(completed_run, runs_dir) == completed_run
+    assert store.resolve_run(completed_run.name, runs_dir) == completed_run
+    assert store.resolve_run("completed", runs_dir) == completed_run
+    with pytest.raises(store.StoreError, match="no run 'nope'"):
+        store.resolve_run("nope", runs_dir)
+
+
+def test_every_metric_reads_its_stored_figure(completed_run: Path) -> None:
+    summary = store.read_run(completed_run)["summary"]
+    merged = merge_ranks(store.read_table(completed_run, "steps"), 1)[0]
+    assert summary_of(load_run(completed_run)) == summary
+    for m in METRICS:
+        stored = m.value(summary)
+        if m.name in ("comm_bytes_per_step", "comm_overlap", "straggler"):  # one process: none
+            assert math.isnan(stored), m.name
+            continue
+        assert not math.isnan(stored), m.name
+        if m.per_step is not None:
+            assert isinstance(m.per_step(merged, summary), pd.Series), m.name
+
+
+def test_the_docs_list_every_phase_and_metric() -> None:
+    text = (DOCS / "run-format.md").read_text()
+    for phase in PHASES:
+        assert f"`{phase.column}`" in text, phase.column
+    for m in METRICS:
+        assert f"`{m.name}`" in text, m.name
+    assert [c for c in PHASE_COLUMNS] == [f"{p.name}_s" for p in PHASES]
