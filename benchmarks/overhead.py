@@ -33,7 +33,7 @@ from profiler import store
 from profiler.config import load_config
 from profiler.instruments import CpuBackend, Sampler, StepTimer
 from profiler.run import profile_run
-from reference_model.trainer import Trainer, TrainerHook
+from reference_model.trainer import Trainer, TrainerHook, TrainStart
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,8 +62,8 @@ class Timed(TrainerHook):
         getattr(self.inner, name)(*args)
         self.spent += time.perf_counter() - t0
 
-    def on_train_start(self, trainer: Trainer) -> None:
-        self.inner.on_train_start(trainer)
+    def on_train_start(self, start: TrainStart) -> None:
+        self.inner.on_train_start(start)
 
     def on_train_end(self, result, error) -> None:
         self.inner.on_train_end(result, error)

@@ -20,17 +20,17 @@ class LazyScalars:
     """A few 0-d tensors (e.g. loss, grad norm) copied to the host off the critical path."""
 
     def __init__(self, *tensors: torch.Tensor) -> None:
-        with torch._C.DisableTorchFunction():
-            stacked = torch.stack([t.detach().float().reshape(()) for t in tensors])
-            self._event: torch.cuda.Event | None = None
-            if stacked.is_cuda:
-                self._host = torch.empty(len(tensors), dtype=torch.float32, pin_memory=True)
-                self._host.copy_(stacked, non_blocking=True)
-                self._event = torch.cuda.Event()
-                self._event.record(torch.cuda.current_stream(stacked.device))
-            else:
-                self._host = stacked
+        self._event: torch.cuda.Event | None = None
         self._values: tuple[float, ...] | None = None
+        with torch._C.DisableTorchFunction():
+            if not any(t.is_cuda for t in tensors):  # computed already: keep them, read on demand
+                self._host: torch.Tensor | tuple[torch.Tensor, ...] = tuple(t.detach() for t in tensors)
+                return
+            stacked = torch.stack([t.detach().float().reshape(()) for t in tensors])
+            self._host = torch.empty(len(tensors), dtype=torch.float32, pin_memory=True)
+            self._host.copy_(stacked, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(stacked.device))
 
     def ready(self) -> bool:
         """True once the device has produced the values (never blocks)."""
@@ -42,5 +42,7 @@ class LazyScalars:
             if self._event is not None:
                 self._event.synchronize()
             with torch._C.DisableTorchFunction():
-                self._values = tuple(float(v) for v in self._host.tolist())
+                host = self._host
+                self._values = tuple(float(v) for v in (host.tolist() if isinstance(host, torch.Tensor)
+                                                        else (t.item() for t in host)))
         return self._values
