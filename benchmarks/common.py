@@ -20,27 +20,13 @@ from typing import Any
 
 import torch
 
-from profiler.device import cpu_model
+from profiler.device import cpu_flags, cpu_model
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 # --------------------------------------------------------------------------------------------
 # The machine and the header every result file starts with
-
-
-def cpu_flags() -> str:
-    """The matmul-relevant ISA flags (AVX-512, bf16, AMX), which decide the bf16 peak on a CPU."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = line.split(":", 1)[1].split()
-            keep = [f for f in flags if f.startswith(("avx512f", "avx512_bf16", "amx", "avx2", "fma"))]
-            return " ".join(sorted(set(keep))) or "none of avx2/avx512/amx"
-    return "unknown"
 
 
 def machine_line() -> str:
@@ -51,8 +37,9 @@ def machine_line() -> str:
         versions += f", transformers {transformers.__version__}"
     except ImportError:
         pass
+    isa = " ".join(cpu_flags()) or "unknown"
     return (f"{cpu_model()} ({os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}, "
-            f"ISA: {cpu_flags()}, torch CPU capability {torch.backends.cpu.get_cpu_capability()}); "
+            f"ISA: {isa}, torch CPU capability {torch.backends.cpu.get_cpu_capability()}); "
             f"{versions}; Python {platform.python_version()}")
 
 

@@ -17,6 +17,7 @@ import sys
 # output; 6 silences its info levels, a user's own KINETO_LOG_LEVEL wins.
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 from pathlib import Path
+from typing import Any
 
 from optimizers.config import ConfigError
 from profiler import console, store
@@ -39,7 +40,10 @@ def _run_parser() -> argparse.ArgumentParser:
         epilog="example: profile-run --preset small --set switches.amp=bf16 --steps 40")
     p.add_argument("--config", type=Path, help="YAML config file (sections: model, data, train, switches, "
                    "profile)")
-    p.add_argument("--preset", help=f"shipped config: {', '.join(shipped_presets())}")
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--preset", help=f"shipped config: {', '.join(shipped_presets())}")
+    start.add_argument("--from-run", metavar="RUN", help="start from a stored run's config (a run directory, id "
+                       "or name), e.g. to rerun it with one change")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one value, e.g. switches.amp=bf16 (repeatable)")
     p.add_argument("--steps", type=int, help="shorthand for --set train.steps=N")
@@ -54,19 +58,28 @@ def _run_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _show(run_dir: Path, *, as_json: bool) -> str:
-    """Print a run's summary (computed from the flushed steps when it did not end); returns its status."""
-    from profiler.analysis import load_run, summary_of
+def _load(run_dir: Path) -> Any:
+    from profiler.analysis import load_run
 
     run = load_run(run_dir)
     if run.problems:
         raise BadInput(f"run {run.id} is corrupt: {'; '.join(run.problems)}")
+    return run
+
+
+def _show(run_dir: Path, *, as_json: bool) -> str:
+    """Print a run's summary (computed from the flushed steps when it did not end) and the top of its
+    diagnosis; returns its status."""
+    from profiler.analysis import summary_of
+
+    run = _load(run_dir)
     summary = summary_of(run)
     if as_json:
         print(json.dumps({"id": run.id, "path": str(run.path), "status": run.status, "error": run.record.get("error"),
-                          "summary": summary}, indent=2, default=str))
-    else:
-        console.print_summary(run.record, summary, run.status, run.path, sys.stdout)
+                          "summary": summary, "diagnosis": run.record.get("diagnosis")}, indent=2, default=str))
+        return run.status
+    console.print_summary(run.record, summary, run.status, run.path, sys.stdout)
+    console.print_advice_head(run.id, run.record.get("diagnosis") or {}, sys.stdout)
     return run.status
 
 
@@ -80,7 +93,10 @@ def profile_run_main(argv: list[str] | None = None) -> int:
     if args.trace is not None:
         overrides.append(f"profile.trace={str(args.trace).lower()}")
     try:
-        cfg = load_config(config=args.config, preset=args.preset, overrides=overrides, nproc=args.nproc)
+        base = None
+        if args.from_run is not None:
+            base = store.read_run(store.resolve_run(args.from_run, store.default_runs_dir(args.runs_dir)))["config"]
+        cfg = load_config(config=args.config, preset=args.preset, overrides=overrides, nproc=args.nproc, base=base)
         store.check_runs_dir(store.default_runs_dir(args.runs_dir))
     except (ConfigError, store.StoreError) as exc:
         print(f"profile-run: error: {exc}", file=sys.stderr)
@@ -105,20 +121,25 @@ def _init_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _finalize(run_dir: Path, *, as_json: bool) -> int:
+def _show_ok(args: argparse.Namespace, run_dir: Path) -> int:
+    _show(run_dir, as_json=args.json)
+    return EXIT_OK
+
+
+def _finalize(args: argparse.Namespace, run_dir: Path) -> int:
     from profiler.run import finalize
 
     store.read_run(run_dir)  # a clear error before anything is moved
     finalize(run_dir)
-    return EXIT_OK if _show(run_dir, as_json=as_json) == "completed" else EXIT_FINDING
+    return EXIT_OK if _show(run_dir, as_json=args.json) == "completed" else EXIT_FINDING
 
 
-def _runs(runs_dir: Path, *, as_json: bool) -> int:
+def _runs(args: argparse.Namespace, runs_dir: Path) -> int:
     if not runs_dir.is_dir():
         raise BadInput(f"no runs directory at {runs_dir} (profile-run creates it; choose another with "
                        "--runs-dir or $GLMPERF_RUNS)")
     runs = store.list_runs(runs_dir)
-    if as_json:
+    if args.json:
         print(json.dumps(runs, indent=2, default=str))
     elif not runs:
         print(f"no runs in {runs_dir}")
@@ -127,19 +148,64 @@ def _runs(runs_dir: Path, *, as_json: bool) -> int:
     return EXIT_OK
 
 
+def _advice(args: argparse.Namespace, run_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """The run and its diagnosis with recommendations, computed now (also for runs stored before
+    diagnosis existed, and with this command's options)."""
+    from profiler.analysis import summary_of
+    from profiler.recommend import advise
+
+    run = _load(run_dir)
+    if not summary_of(run).get("steps_counted"):
+        raise BadInput(f"run {run.id} has no counted step to diagnose ({run.status}; "
+                       f"{'; '.join(summary_of(run).get('notes', []))})")
+    return run, advise(run, allow_model_changes=getattr(args, "allow_model_changes", False),
+                       top=getattr(args, "top", None))
+
+
+def _diagnose(args: argparse.Namespace, run_dir: Path) -> int:
+    run, advice = _advice(args, run_dir)
+    if args.json:
+        print(json.dumps({k: advice[k] for k in ("verdict", "bottlenecks", "skipped", "figures")}, indent=2,
+                         default=str))
+    else:
+        console.print_diagnosis(run.id, advice, sys.stdout)
+    return EXIT_OK
+
+
+def _recommend(args: argparse.Namespace, run_dir: Path) -> int:
+    run, advice = _advice(args, run_dir)
+    if args.json:
+        print(json.dumps({k: advice[k] for k in ("verdict", "bottlenecks", "recommendations", "excluded")}, indent=2,
+                         default=str))
+    else:
+        console.print_diagnosis(run.id, advice, sys.stdout, evidence=False)
+        console.print_recommendations(run.id, advice, sys.stdout)
+    return EXIT_OK
+
+
+RUN_COMMANDS = {
+    "show": ("a run's summary (also of a live or killed run)", _show_ok),
+    "finalize": ("merge the ranks' files of a run (init-run, or killed) and store its summary", _finalize),
+    "diagnose": ("what holds a run back: each bottleneck with its rule, threshold and evidence", _diagnose),
+    "recommend": ("the switch changes that address a run's bottlenecks, ranked by expected gain", _recommend),
+}
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="glmperf", description="glmperf: look at, and finish, stored runs")
+    parser = argparse.ArgumentParser(prog="glmperf", description="glmperf: look at, diagnose and finish stored runs")
     sub = parser.add_subparsers(dest="command", required=True)
     runs = sub.add_parser("runs", help="list stored runs (corrupt ones with what is wrong)")
-    for name, help_text in (("show", "a run's summary (also of a live or killed run)"),
-                            ("finalize", "merge the ranks' files of a run (init-run, or killed) and store its "
-                                         "summary")):
+    _add_runs_dir(runs)
+    runs.add_argument("--json", action="store_true")
+    for name, (help_text, _) in RUN_COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
         p.add_argument("run", help="run directory, run id or run name (the latest of that name)")
         _add_runs_dir(p)
         p.add_argument("--json", action="store_true")
-    _add_runs_dir(runs)
-    runs.add_argument("--json", action="store_true")
+        if name == "recommend":
+            p.add_argument("--top", type=int, help="only the K best recommendations")
+            p.add_argument("--allow-model-changes", action="store_true",
+                           help="also list changes that alter the model (pruning, sharing, linear attention)")
     init = sub.add_parser("init-run", help="validate a config and create a run for ranks started elsewhere "
                           "(torchrun on several nodes, Slurm); prints the run directory")
     init.add_argument("--config", type=Path)
@@ -157,12 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "init-run":
             return _init_run(args)
         if args.command == "runs":
-            return _runs(runs_dir, as_json=args.json)
-        run_dir = store.resolve_run(args.run, runs_dir)
-        if args.command == "finalize":
-            return _finalize(run_dir, as_json=args.json)
-        _show(run_dir, as_json=args.json)
-        return EXIT_OK
+            return _runs(args, runs_dir)
+        if getattr(args, "top", None) is not None and args.top < 1:
+            raise BadInput(f"--top: got {args.top}; allowed: an integer >= 1")
+        return RUN_COMMANDS[args.command][1](args, store.resolve_run(args.run, runs_dir))
     except (BadInput, ConfigError, store.StoreError) as exc:
         print(f"glmperf: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

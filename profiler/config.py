@@ -175,9 +175,15 @@ def build_run_config(data: dict[str, Any]) -> RunConfig:
 
 
 def load_config(*, config: Path | None = None, preset: str | None = None,
-                overrides: typing.Sequence[str] = (), nproc: int = 1) -> RunConfig:
-    """Resolve preset -> file -> overrides into a validated RunConfig (no side effects)."""
+                overrides: typing.Sequence[str] = (), nproc: int = 1,
+                base: dict[str, Any] | None = None) -> RunConfig:
+    """Resolve base -> preset -> file -> overrides into a validated RunConfig (no side effects).
+
+    `base` is a resolved config as plain data (a stored run's `config`), to start from that run.
+    """
     data: dict[str, Any] = {}
+    if base is not None:
+        merge_into(data, base)
     if preset is not None:
         path = CONFIGS_DIR / f"{preset}.yaml"
         if path.exists():

@@ -89,3 +89,58 @@ def print_runs(runs: list[dict[str, Any]], out: TextIO) -> None:
         print(line, file=out)
         for problem in r.get("problems", []):
             print(f"{'':<{width}}  corrupt: {problem}", file=out)
+
+
+def _figure(name: str, f: Mapping[str, Any]) -> str:
+    return f"{name} {fmt(f.get('value'), 2)} {f.get('unit', '')} [{f.get('source', '')}]"
+
+
+def print_diagnosis(run_id: str, advice: Mapping[str, Any], out: TextIO, *, evidence: bool = True) -> None:
+    """The bottlenecks by severity, each with the rule, threshold and evidence; then what was skipped."""
+    print(f"diagnosis of run {run_id}: {advice['verdict']}", file=out)
+    for i, b in enumerate(advice["bottlenecks"], 1):
+        print(f"  {i}. {b['kind']} (explains {100 * b['severity']:.0f}%): {b['message']}", file=out)
+        if evidence:
+            print(f"     rule {b['rule']} (docs/diagnosis.md): {b['threshold']}", file=out)
+            for name, f in b["evidence"].items():
+                print(f"     evidence: {_figure(name, f)}", file=out)
+    for s in advice.get("skipped", []):
+        print(f"  skipped {s['rule']}: {s['reason']}", file=out)
+
+
+def _range(r: Mapping[str, Any], sign: str = "+") -> str:
+    return f"{r['low']:{sign}.0f}% to {r['high']:{sign}.0f}%"
+
+
+def print_recommendations(run_id: str, advice: Mapping[str, Any], out: TextIO) -> None:
+    """The ranked switch changes, each with its expected gain, risk and the command that tries it."""
+    recs = advice["recommendations"]
+    if not recs:
+        print(f"no recommendation for run {run_id}: nothing in the catalog addresses what was found "
+              "here and can run on this device", file=out)
+    for i, r in enumerate(recs, 1):
+        settings = " ".join(f"{k}={v}" for k, v in r["set"].items())
+        exp = r["expected"]
+        gains = [f"tokens/s {_range(exp['tokens_per_s'])}"]
+        if "peak_memory" in exp:
+            gains.append(f"peak memory {_range(exp['peak_memory'])}")
+        print(f"  {i}. {settings}  (for {r['for']}; risk: {r['risk']})", file=out)
+        print(f"     expected: {', '.join(gains)}  [{exp['basis']}]", file=out)
+        for note in r["notes"]:
+            print(f"     note: {note}", file=out)
+        print(f"     try: {r['command']}", file=out)
+    hidden = [e for e in advice.get("excluded", []) if e["reason"].startswith("changes the model")]
+    if hidden and not advice.get("allow_model_changes"):
+        print(f"  ({len(hidden)} change(s) that alter the model not shown: --allow-model-changes)", file=out)
+
+
+def print_advice_head(run_id: str, advice: Mapping[str, Any], out: TextIO) -> None:
+    """Under a run's table: the top bottleneck and the top recommendation, with how to see all."""
+    if not advice.get("verdict"):
+        return
+    print(f"diagnosis: {advice['verdict']}", file=out)
+    if advice.get("recommendations"):
+        top = advice["recommendations"][0]
+        print(f"try:       {top['command']}", file=out)
+        print(f"           expected tokens/s {_range(top['expected']['tokens_per_s'])} "
+              f"(all: glmperf recommend {run_id})", file=out)

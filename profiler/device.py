@@ -14,6 +14,7 @@ are always calibrated. Measured on the 2-core AMD EPYC CI machine: ~186 GFLOP/s 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
@@ -66,6 +67,22 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+MATMUL_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile")
+"""The CPU ISA flags that decide how fast a CPU runs fp32, bf16 and fp16 matmuls."""
+
+
+def cpu_flags() -> list[str]:
+    """The matmul-relevant ISA flags this CPU has (/proc/cpuinfo; [] where it cannot be read)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in MATMUL_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
 def device_name(device: torch.device | str) -> str:
     device = torch.device(device)
     return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
@@ -81,7 +98,7 @@ def environment(device: torch.device | str, *, world_size: int = 1) -> dict[str,
     env: dict[str, Any] = {
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
         "platform": platform.platform(), "hostname": socket.gethostname(),
-        "device": str(device), "device_name": device_name(device), "cpu_model": cpu_model(),
+        "device": str(device), "device_name": device_name(device), "cpu_model": cpu_model(), "cpu_flags": cpu_flags(),
         "cpu_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "memory_total_bytes": psutil.virtual_memory().total,
@@ -115,6 +132,16 @@ def run_peak(device: torch.device | str, amp: str) -> dict[str, Any]:
     dtype = MATMUL_DTYPES[amp]
     flops, source = peak_flops(device, dtype)
     return {"flops": flops, "source": source, "dtype": _matmul_kind(dtype)}
+
+
+
+def matmul_peaks(device: torch.device | str) -> dict[str, float]:
+    """The device's peak for each matmul dtype a run could switch to, by kind (`fp32` or `tf32`, `bf16`,
+    `fp16`): what tells whether low precision pays off here. Calibrated (and cached) where no table
+    knows the device; a CPU gets fp32 and bf16 (its fp16 autocast is not a speed path)."""
+    device = torch.device(device)
+    amps = ("off", "bf16", "fp16") if device.type == "cuda" else ("off", "bf16")
+    return {_matmul_kind(MATMUL_DTYPES[amp]): peak_flops(device, MATMUL_DTYPES[amp])[0] for amp in amps}
 
 
 def table_peak(name: str, dtype: torch.dtype) -> tuple[float, str] | None:
@@ -151,8 +178,10 @@ def peak_flops(device: torch.device | str, dtype: torch.dtype, *, budget_s: floa
     if old and not old.get("contended"):
         return float(old["flops"]), f"{old['source']} (cached {old['measured']})"
     new = calibrate(device, dtype, budget_s=budget_s)
-    if old and old["flops"] > new["flops"]:
-        new = {**old, "contended": new["contended"] and old["contended"]}
+    if old and old["flops"] > new["flops"]:  # disturbance only lowers a rate: the higher one stands
+        contended = new["contended"] and old["contended"]
+        source = old["source"] if contended else old["source"].split("; other processes")[0]
+        new = {**old, "source": source, "contended": contended}
     cache[key] = {**new, "measured": time.strftime("%Y-%m-%d")}
     try:  # atomic: concurrent ranks may calibrate at once; the last complete write wins
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,6 +191,19 @@ def peak_flops(device: torch.device | str, dtype: torch.dtype, *, budget_s: floa
     except OSError:
         pass  # an unwritable cache only costs a recalibration next time
     return float(new["flops"]), new["source"]
+
+
+def dispatch_overhead_s(*, calls: int = 2000, rounds: int = 5) -> float:
+    """The host's cost of one autograd-recorded operator call on a tiny tensor (best of `rounds`):
+    what each operator of a step costs before any arithmetic, so calls x this is the step's floor."""
+    x = torch.ones(4, requires_grad=True)
+    best = math.inf
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            x.mul(2.0)
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best
 
 
 CONTENDED_CORES = 0.5

@@ -33,10 +33,12 @@ import torch
 from profiler import store
 from profiler.analysis import load_run, summarize
 from profiler.config import RunConfig, build_run_config
-from profiler.device import environment, run_peak
+from profiler.device import dispatch_overhead_s, environment, matmul_peaks, run_peak
 from profiler.instruments import Instrument, Sampler, StepTimer, TraceWindow, choose_backend
 from profiler.instruments.comm import CommStats
+from profiler.instruments.compile_watch import CompileWatch
 from profiler.progress import Progress
+from profiler.recommend import advise
 from reference_model.trainer import Trainer, TrainerHook, dist_env, resolve_device, setup_context
 
 
@@ -78,6 +80,8 @@ def _instruments(cfg: RunConfig, writer: store.RunWriter, *, device: torch.devic
                              current_step=lambda: timer.current_step))
     else:
         backend.close()
+    if cfg.switches.compile.mode != "off":
+        hooks.append(CompileWatch(writer))
     if cfg.profile.trace:
         wait, warmup, active = cfg.profile.trace_window
         trace = TraceWindow(writer, device=device, rank=rank, wait=wait, warmup=warmup, active=active,
@@ -114,7 +118,8 @@ def run_rank(run_dir: Path, cfg: RunConfig, *, device: torch.device, rank: int =
                               switches=cfg.switches, hooks=hooks, run_dir=run_dir, ctx=ctx)
             fields.update(flops_per_token=trainer.flops_per_token, applied=trainer.setup.applied,
                           notes=trainer.setup.notes, num_params=trainer.model.num_params(),
-                          start_step=trainer.start_step)
+                          start_step=trainer.start_step, torch_threads=torch.get_num_threads(),
+                          loader_workers=int(trainer.setup.loader_options.get("num_workers", 0)))
             store.write_rank_status(run_dir, rank, "running", **fields)
             trainer.fit()
         status = "completed"
@@ -170,14 +175,21 @@ def finalize(run_dir: Path, *, launcher_error: str | None = None) -> dict[str, A
     fields: dict[str, Any] = {}
     if not record.get("peak"):  # ranks started elsewhere (init-run): measured here, now
         cfg = build_run_config(record["config"])
-        fields["peak"] = run_peak(resolve_device(cfg.train.device), cfg.switches.amp.dtype)
+        device = resolve_device(cfg.train.device)
+        fields.update(peak=run_peak(device, cfg.switches.amp.dtype), matmul_peaks=matmul_peaks(device),
+                      dispatch_s=dispatch_overhead_s())
     store.update_run(
         run_dir, status=status, error=error, ended=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         ranks=list(statuses.values()),
         model={"num_params": rank0.get("num_params"), "flops_per_token": rank0.get("flops_per_token")},
         switches_applied=rank0.get("applied", []), setup_notes=rank0.get("notes", []),
         sampling=rank0.get("sampling"), **fields)
-    return store.update_run(run_dir, summary=summarize(load_run(run_dir)))
+    record = store.update_run(run_dir, summary=summarize(load_run(run_dir)))
+    try:  # advice is a reading of what was measured: it must never cost the run its record
+        diagnosis = advise(load_run(run_dir))
+    except Exception as exc:
+        diagnosis = {"error": f"{type(exc).__name__}: {exc}"}
+    return store.update_run(run_dir, diagnosis=diagnosis) if record else record
 
 
 def create_run_dir(cfg: RunConfig, *, runs_dir: Path | None, nproc: int, launcher: bool = True) -> Path:
@@ -192,7 +204,8 @@ def create_run_dir(cfg: RunConfig, *, runs_dir: Path | None, nproc: int, launche
     record: dict[str, Any] = {"config": cfg.to_dict(), "world_size": nproc,
                               "environment": environment(device, world_size=nproc)}
     if launcher:
-        record["peak"] = run_peak(device, cfg.switches.amp.dtype)
+        record.update(peak=run_peak(device, cfg.switches.amp.dtype), matmul_peaks=matmul_peaks(device),
+                      dispatch_s=dispatch_overhead_s())
     else:
         record["pid"] = None
     return store.create_run(store.default_runs_dir(runs_dir), cfg.name, record)

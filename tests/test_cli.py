@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from profiler import store
-from tests.conftest import TINY, cli, copy_run, glmperf
+from tests.conftest import ROOT, TINY, cli, copy_run, glmperf
 
 
 def _one_error_line(proc, prog: str = "glmperf") -> str:
@@ -106,3 +107,35 @@ def test_the_demo_output_speaks_of_the_product_only(tmp_path: Path) -> None:
     assert "run " in out and "time/step p50" in out
     for word in ("issue", "not rendered", "coming"):
         assert word not in out.lower()
+
+
+def test_diagnose_and_recommend_read_a_stored_run(completed_run: Path) -> None:
+    stored = store.read_run(completed_run)["diagnosis"]
+    proc = glmperf("diagnose", str(completed_run), "--json")
+    assert proc.returncode == 0, proc.stderr
+    fresh = json.loads(proc.stdout)
+    assert fresh["bottlenecks"] == stored["bottlenecks"] and fresh["verdict"] == stored["verdict"]
+    text = glmperf("diagnose", str(completed_run)).stdout
+    assert text.startswith(f"diagnosis of run {completed_run.name}: {stored['verdict']}")
+    recs = json.loads(glmperf("recommend", str(completed_run), "--json", "--top", "1").stdout)["recommendations"]
+    assert len(recs) <= 1
+    for rec in recs:
+        assert rec["command"].startswith(f"profile-run --from-run {completed_run}")
+
+
+@pytest.mark.parametrize("args", [("recommend", "--top", "0"), ("diagnose", "nope")])
+def test_diagnose_and_recommend_refuse_bad_input_in_one_line(completed_run: Path, args: tuple[str, ...]) -> None:
+    ref = [] if args[-1] == "nope" else [str(completed_run)]
+    _one_error_line(glmperf(*args, *ref, "--runs-dir", str(completed_run.parent)))
+
+
+def test_from_run_reruns_a_stored_runs_config_with_a_change(completed_run: Path, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "profiler.cli", "--from-run", str(completed_run), "--set",
+                           "train.steps=3", "--no-trace", "--no-progress", "--runs-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    (run,) = store.list_runs(tmp_path)
+    old, new = store.read_run(completed_run)["config"], run["config"]
+    assert new["train"]["steps"] == 3 and new["profile"]["trace"] is False
+    assert {k: v for k, v in new.items() if k not in ("train", "profile")} == \
+        {k: v for k, v in old.items() if k not in ("train", "profile")}

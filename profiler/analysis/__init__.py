@@ -2,6 +2,7 @@
 
     run = load_run("runs/<id>")      # any stored run: completed, failed, interrupted, live or killed
     summary_of(run)                   # the stored summary, or one computed from the flushed steps
+    analyze(run)                      # every analyzer's figures: {name: Figure(value, unit, source)}
 
 Analysis never prints or renders: the CLI, the reports and the dashboard do.
 """
@@ -10,10 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from profiler.analysis import breakdown, comm, environment, input_pipeline, memory, operators, stability
+from profiler.analysis.figures import Figure, Figures
 from profiler.analysis.loader import RunData, load_run
 from profiler.analysis.summary import summarize
 
-__all__ = ["RunData", "load_run", "summarize", "summary_of"]
+__all__ = ["Figure", "Figures", "RunData", "analyze", "load_run", "summarize", "summary_of"]
+
+ANALYZERS = (breakdown, memory, comm, input_pipeline, operators, stability, environment)
+"""One module per concern, each `analyze(run, summary) -> Figures` (pure, documented in its docstring)."""
 
 
 def summary_of(run: RunData) -> dict[str, Any]:
@@ -21,3 +27,12 @@ def summary_of(run: RunData) -> dict[str, Any]:
     if run.ended and run.record.get("summary") is not None:
         return run.record["summary"]
     return summarize(run)
+
+
+def analyze(run: RunData) -> Figures:
+    """Every analyzer's figures for `run`, by name (names are unique across analyzers)."""
+    summary = summary_of(run)
+    figures: Figures = {}
+    for analyzer in ANALYZERS:
+        figures.update(analyzer.analyze(run, summary))
+    return figures

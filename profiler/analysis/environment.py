@@ -1,0 +1,90 @@
+"""The machine the run measured: low-precision speed, cores against threads, clocks and throttling.
+
+Figures:
+- `native_bf16` (1 or 0): bf16 matmul hardware: a CPU with avx512_bf16 or amx_bf16, a CUDA GPU of
+  compute capability 8.0+ (environment.cpu_flags / cuda_capability).
+- `bf16_speedup`, `fp16_speedup` (x): the device's measured bf16 / fp16 matmul peak over its fp32
+  (or tf32) peak (run.json `matmul_peaks`); `run_dtype_speedup`: the same for the run's own dtype.
+- `cores`: CPU cores the process may use; `thread_demand`: torch threads + loader workers of all
+  ranks on one host; `other_cpu_busy` (cores): what other processes kept busy meanwhile (samples).
+- `throttled` (% of NVML samples inside steps with a power or thermal clocks-event reason),
+  `sm_clock_drop` (% the median SM clock sits below the highest seen).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from profiler.analysis.figures import Figure, Figures, num
+from profiler.analysis.loader import RunData
+
+HARMLESS_REASONS = {"", "gpu_idle", "applications_clocks_setting", "display_clock_setting"}
+"""Clocks-event reasons that do not slow a busy GPU down."""
+
+
+def _native_bf16(env: Mapping[str, Any]) -> float:
+    if str(env.get("device", "cpu")).startswith("cuda"):
+        capability = env.get("cuda_capability")
+        return float(float(capability) >= 8.0) if capability else math.nan
+    flags = env.get("cpu_flags")
+    return float(bool({"avx512_bf16", "amx_bf16"} & set(flags))) if flags is not None else math.nan
+
+
+def _speedups(run: RunData) -> Figures:
+    peaks = run.record.get("matmul_peaks") or {}
+    base = num(peaks.get("tf32", peaks.get("fp32")))
+    out = {f"{kind}_speedup": Figure(num(peaks.get(kind)) / base, "x", f"run.json matmul_peaks.{kind} / fp32")
+           for kind in ("bf16", "fp16") if kind in peaks}
+    kind = (run.record.get("peak") or {}).get("dtype")
+    if kind in ("fp32", "tf32"):
+        out["run_dtype_speedup"] = Figure(1.0, "x", "the run's matmuls are fp32")
+    elif kind in peaks:
+        out["run_dtype_speedup"] = Figure(num(peaks[kind]) / base, "x", f"run.json matmul_peaks.{kind} / fp32")
+    return out
+
+
+def _cpu(run: RunData) -> Figures:
+    env = run.record.get("environment") or {}
+    cores = num(env.get("cpu_affinity") or env.get("cpu_count"))
+    per_host: Counter[str] = Counter()
+    for r in run.ranks:
+        if "torch_threads" in r:
+            per_host[r.get("host", "")] += int(r["torch_threads"]) + int(r.get("loader_workers", 0))
+    out: Figures = {"cores": Figure(cores, "cores", "environment.cpu_affinity")}
+    if per_host:
+        out["thread_demand"] = Figure(float(max(per_host.values())), "threads",
+                                      "ranks[].torch_threads + loader_workers, per host")
+    s = run.samples
+    if not s.empty and "cpu_system_pct" in s and s["cpu_system_pct"].notna().any():
+        ours = s.groupby("rank")[["cpu_process_pct", "cpu_workers_pct"]].mean().sum().sum() / 100
+        others = float(s["cpu_system_pct"].mean()) / 100 * cores - float(ours)
+        out["other_cpu_busy"] = Figure(max(0.0, others), "cores", "samples.parquet cpu_system_pct - ours")
+    return out
+
+
+def _clocks(run: RunData) -> Figures:
+    s = run.samples
+    if s.empty or "throttle" not in s:
+        return {}
+    busy = s[s["step"] >= 0]
+    if busy.empty:
+        return {}
+    reasons = busy["throttle"].fillna("").map(lambda r: bool(set(r.split("|")) - HARMLESS_REASONS))
+    clocks = busy["sm_clock_mhz"].dropna()
+    out = {"throttled": Figure(100 * float(reasons.mean()), "%", "samples.parquet throttle")}
+    if len(clocks):
+        drop = 100 * (1 - float(clocks.median()) / float(clocks.max()))
+        out["sm_clock_drop"] = Figure(drop, "%", "samples.parquet sm_clock_mhz")
+    return out
+
+
+def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
+    env = run.record.get("environment") or {}
+    out: Figures = {"native_bf16": Figure(_native_bf16(env), "yes=1", "environment.cpu_flags / cuda_capability")}
+    out.update(_speedups(run))
+    out.update(_cpu(run))
+    out.update(_clocks(run))
+    return out

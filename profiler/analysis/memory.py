@@ -1,0 +1,37 @@
+"""Peak memory against the capacity the run must fit in.
+
+Capacity: `profile.memory_budget_gb` when set, else the GPU's memory on CUDA, else the machine's
+RAM. Figures: `peak_memory` (GiB), `memory_capacity` (GiB), `memory_use` (% of the capacity).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from profiler.analysis.figures import Figure, Figures, num
+from profiler.analysis.loader import RunData
+
+GIB = 2**30
+
+
+def capacity(run: RunData) -> tuple[float, str]:
+    """The bytes the run must fit in, and which figure says so."""
+    budget = num((run.config.get("profile") or {}).get("memory_budget_gb"))
+    if budget > 0:
+        return budget * GIB, "config.profile.memory_budget_gb"
+    env = run.record.get("environment") or {}
+    if num(env.get("device_memory_bytes")) > 0:
+        return num(env["device_memory_bytes"]), "environment.device_memory_bytes"
+    return num(env.get("memory_total_bytes")), "environment.memory_total_bytes (the machine's RAM)"
+
+
+def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
+    peak = num(summary.get("peak_memory_bytes"))
+    cap, source = capacity(run)
+    return {
+        "peak_memory": Figure(peak / GIB, "GiB", f"summary.peak_memory_bytes ({summary.get('peak_memory_source')})"),
+        "memory_capacity": Figure(cap / GIB, "GiB", source),
+        "memory_use": Figure(100 * peak / cap if cap > 0 else float("nan"), "%",
+                             f"summary.peak_memory_bytes / {source}"),
+    }

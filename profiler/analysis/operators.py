@@ -1,0 +1,81 @@
+"""Operators from the torch.profiler window (ops.parquet): how many, how heavy, and which kinds.
+
+Times are self times of `aten::` operators per profiled step: the device's on CUDA
+(`self_device_s`), the host's on CPU (`self_cpu_s`; the profiler's own overhead inflates them, so
+shares are used, not absolute times). Figures:
+
+- `op_calls_per_step`: aten operator calls per step (forward, backward, optimizer).
+- `dispatch_floor` (% of the step): calls x the host's measured cost of one operator call
+  (run.json `dispatch_s`): the part of the step that is overhead before any arithmetic.
+- `device_busy` (% of the step, CUDA): operator time on the device over the step time.
+- `matmul_share`, `attention_share` (% of operator time): matrix multiplies (mm, addmm, bmm,
+  scaled-dot-product attention); attention (SDPA and its backward, bmm, 4-D softmax: the model's
+  other matmuls are 2-D linears).
+
+`top_operators(run, n)` is the table behind them, heaviest first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from profiler.analysis.figures import Figure, Figures, num
+from profiler.analysis.loader import RunData
+
+MATMUL = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|addmv|_scaled_dot_product|scaled_dot_product)")
+ATTENTION = re.compile(r"^aten::(.*scaled_dot_product.*|.*attention.*|bmm|baddbmm)$")
+SOFTMAX = re.compile(r"^aten::(_softmax|softmax|_softmax_backward_data)$")
+
+
+def _is_cuda(run: RunData) -> bool:
+    return str((run.record.get("environment") or {}).get("device", "cpu")).startswith("cuda")
+
+
+def per_step(run: RunData) -> pd.DataFrame:
+    """aten operators of one rank (the lowest), with `time_s` and `calls` per profiled step."""
+    ops = run.ops
+    if ops.empty or "steps" not in ops:
+        return pd.DataFrame(columns=["name", "input_shapes", "calls", "time_s"])
+    ops = ops[(ops["rank"] == ops["rank"].min()) & ops["name"].str.startswith("aten::") & (ops["steps"] > 0)]
+    column = "self_device_s" if _is_cuda(run) else "self_cpu_s"
+    return pd.DataFrame({"name": ops["name"], "input_shapes": ops["input_shapes"],
+                         "calls": ops["calls"] / ops["steps"], "time_s": ops[column] / ops["steps"]})
+
+
+def _attention(ops: pd.DataFrame) -> pd.Series:
+    four_d = ops["input_shapes"].str.match(r"^\[\[\d+, \d+, \d+, \d+\]")
+    return ops["name"].str.match(ATTENTION) | (ops["name"].str.match(SOFTMAX) & four_d)
+
+
+def top_operators(run: RunData, n: int = 10) -> pd.DataFrame:
+    """The `n` heaviest operators per step: name, calls, time (ms), share of operator time (%)."""
+    ops = per_step(run).groupby("name", as_index=False)[["calls", "time_s"]].sum()
+    total = ops["time_s"].sum()
+    ops = ops.sort_values("time_s", ascending=False).head(n)
+    return pd.DataFrame({"name": ops["name"], "calls": ops["calls"], "time_ms": ops["time_s"] * 1e3,
+                         "share": 100 * ops["time_s"] / total if total > 0 else float("nan")})
+
+
+def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
+    ops = per_step(run)
+    if ops.empty:
+        return {}
+    total = float(ops["time_s"].sum())
+    calls = float(ops["calls"].sum())
+    step_s = num((summary.get("step_time_s") or {}).get("mean"))
+    source = "ops.parquet (" + ("self_device_s" if _is_cuda(run) else "self_cpu_s") + ")"
+    out: Figures = {
+        "op_calls_per_step": Figure(calls, "calls", "ops.parquet (calls / steps)"),
+        "dispatch_floor": Figure(100 * calls * num(run.record.get("dispatch_s")) / step_s, "%",
+                                 "ops.parquet calls x run.json dispatch_s / summary.step_time_s.mean"),
+        "matmul_share": Figure(100 * float(ops.loc[ops["name"].str.match(MATMUL), "time_s"].sum()) / total, "%",
+                               source),
+        "attention_share": Figure(100 * float(ops.loc[_attention(ops), "time_s"].sum()) / total, "%", source),
+    }
+    if _is_cuda(run):
+        out["device_busy"] = Figure(100 * total / step_s, "%", "ops.parquet self_device_s / summary.step_time_s.mean")
+    return out

@@ -1,0 +1,40 @@
+"""Numerical health: non-finite values, skipped steps, loss spikes and plateaus, grad-norm outliers,
+and torch.compile recompiling during the run (events.jsonl, steps.parquet).
+
+Figures: `non_finite` (events), `skipped_steps`, `loss_spikes`, `loss_plateaus`,
+`grad_norm_outliers` (steps with a finite grad norm above 10x the run's median), `loss_change` (%
+from the first to the last step), `recompiles` (frames compiled after the first step).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from profiler.analysis.figures import Figure, Figures, num
+from profiler.analysis.loader import RunData
+
+OUTLIER_FACTOR = 10.0
+
+
+def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
+    kinds = [e.get("kind") for e in run.events]
+    out: Figures = {
+        name: Figure(float(kinds.count(kind)), "events", f"events.jsonl kind={kind}")
+        for name, kind in (("non_finite", "non_finite"), ("loss_spikes", "loss_spike"),
+                           ("loss_plateaus", "loss_plateau"))
+    }
+    out["recompiles"] = Figure(float(sum(e.get("frames", 1) for e in run.events if e.get("kind") == "recompile")),
+                               "frames", "events.jsonl kind=recompile")
+    out["skipped_steps"] = Figure(num(summary.get("skipped_steps")), "steps", "summary.skipped_steps")
+    first, last = num(summary.get("loss_first")), num(summary.get("loss_last"))
+    out["loss_change"] = Figure(100 * (last - first) / first if first else math.nan, "%",
+                                "summary.loss_first -> loss_last")
+    if not run.steps.empty and "grad_norm" in run.steps:
+        norms = run.steps["grad_norm"]
+        finite = norms[norms.map(math.isfinite)]
+        median = float(finite.median()) if len(finite) else math.nan
+        out["grad_norm_outliers"] = Figure(float((finite > OUTLIER_FACTOR * median).sum()), "steps",
+                                           f"steps.parquet grad_norm > {OUTLIER_FACTOR:g}x its median")
+    return out

@@ -1,0 +1,249 @@
+"""Diagnosis: what holds a run back, each finding a rule over measured figures, with its evidence.
+
+A rule reads the analyzers' figures (profiler.analysis.analyze) and fires a `Finding` when its
+figure passes its threshold: the bottleneck kind (optimizers.vocabulary.Bottleneck), a severity
+(the share of the step time, or of the memory capacity, it explains: 0..1, used to rank), the
+evidence (the figures it read, with units and where they are stored), the threshold and the rule
+id (docs/diagnosis.md, which cites the public tool each threshold follows). A rule that cannot be
+evaluated on a run (no GPU for clocks, no bf16 hardware, one rank) is listed as skipped with the
+reason. A run with nothing past a threshold gets "no bottleneck found" and its biggest phase.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from optimizers.vocabulary import Bottleneck
+from profiler.analysis.figures import Figures, known
+from profiler.metrics import PHASES
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: Bottleneck
+    severity: float
+    evidence: dict[str, dict[str, Any]]
+    threshold: str
+    rule: str
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": str(self.kind), "severity": self.severity, "evidence": self.evidence,
+                "threshold": self.threshold, "rule": self.rule, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Fires `kind` when `severity(figures)` is positive; `needs` are the figures it reads."""
+
+    kind: Bottleneck
+    threshold: str
+    needs: tuple[str, ...]
+    severity: Callable[[Figures], float]
+    message: Callable[[Figures], str]
+    applies: Callable[[Figures], str | None] = field(default=lambda f: None)
+    """The reason the rule cannot judge this run, or None."""
+
+    @property
+    def id(self) -> str:
+        return str(self.kind)
+
+
+def v(figures: Figures, name: str) -> float:
+    return figures[name].value if name in figures else math.nan
+
+
+def compute_share(f: Figures) -> float:
+    """Forward plus backward, as a fraction of the step."""
+    return (v(f, "share.forward") + v(f, "share.backward")) / 100
+
+
+# -- thresholds (docs/diagnosis.md says where each comes from) ------------------------------
+INPUT_SHARE = 5.0  # % of the step: TensorBoard plugin rule R1 (DataLoader time / step time > 0.05)
+DISPATCH_FLOOR = 50.0  # % of the step the operator calls cost before any arithmetic (ours)
+DEVICE_BUSY = 50.0  # % of the step the GPU runs kernels: Nsight gpu_time_util, TB plugin R5 (0.5)
+MEMORY_USE = 90.0  # % of capacity: TensorBoard plugin rule R7 (peak > 0.9 x device memory)
+COMM_SHARE = 10.0  # % of the step: TensorBoard plugin rule R4 (communication / step > 0.1)
+OPTIMIZER_SHARE = 25.0  # % of the step (ours)
+ATTENTION_SHARE = 30.0  # % of operator time (ours)
+LOW_PRECISION_SPEEDUP = 1.3  # x: measured bf16/fp32 matmul peak ratio worth switching for (ours)
+MATMUL_SHARE = 20.0  # % of operator time in matmuls, below which precision hardly matters (ours)
+EMULATED_SPEEDUP = 0.8  # x: the run's dtype peak over fp32 below which it is emulated (ours)
+COMPUTE_SHARE = 80.0  # % of the step in forward + backward (ours)
+LOW_MFU = 25.0  # % (ours)
+CHECKPOINT_SHARE = 5.0  # % of the step (ours)
+STRAGGLER_RATIO = 1.2  # x slowest rank's median step over the median rank's (ours)
+OVERSUBSCRIPTION = 0.5  # cores of demand beyond the machine's (SageMaker Dataloader rule: workers vs cores)
+THROTTLED_SHARE = 10.0  # % of samples with a power or thermal clocks-event reason (ours)
+
+
+def _low_precision_gain(f: Figures) -> float:
+    """The share of the step bf16 matmuls would remove: compute x matmul share x (1 - 1/speedup)."""
+    return compute_share(f) * v(f, "matmul_share") / 100 * (1 - 1 / v(f, "bf16_speedup"))
+
+
+def _bf16_applies(f: Figures) -> str | None:
+    if v(f, "run_dtype_speedup") != 1.0:
+        return "the run already uses low-precision matmuls"
+    if math.isnan(v(f, "native_bf16")):
+        return "not measured in this run: the device's bf16 support was not recorded"
+    if v(f, "native_bf16") != 1.0:
+        return "this device has no native bf16 matmuls (no avx512_bf16/amx_bf16, or CUDA capability < 8.0)"
+    return None
+
+
+def _host_bound(f: Figures) -> float:
+    """CUDA: the idle share of the step that waiting for data does not explain; CPU: the dispatch floor."""
+    if known(f, "device_busy"):
+        idle = 1 - v(f, "device_busy") / 100 - v(f, "data_wait") / 100
+        return max(0.0, idle) if v(f, "device_busy") < DEVICE_BUSY else 0.0
+    return min(1.0, v(f, "dispatch_floor") / 100) if v(f, "dispatch_floor") >= DISPATCH_FLOOR else 0.0
+
+
+def _host_message(f: Figures) -> str:
+    if known(f, "device_busy"):
+        return f"the GPU runs kernels only {v(f, 'device_busy'):.0f}% of the step: the host cannot feed it"
+    return (f"{v(f, 'op_calls_per_step'):.0f} operator calls a step cost {v(f, 'dispatch_floor'):.0f}% of it in "
+            "dispatch alone: the step is many tiny operators")
+
+
+def _unstable(f: Figures) -> float:
+    if v(f, "non_finite") > 0:
+        return 1.0  # the run trained on NaN/Inf or stopped: nothing else it measured counts
+    steps = max(v(f, "steps_counted"), 1.0)
+    affected = v(f, "skipped_steps") + v(f, "loss_spikes") + v(f, "grad_norm_outliers")
+    diverging = v(f, "loss_change") > 0
+    return max(min(1.0, affected / steps), 0.5 if diverging else 0.0)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(Bottleneck.UNSTABLE, "any non-finite loss or gradient, skipped step, loss spike or grad-norm outlier, "
+         "or a loss that rose", ("non_finite", "skipped_steps", "loss_spikes", "loss_change", "steps_counted"),
+         _unstable, lambda f: f"{v(f, 'non_finite'):.0f} non-finite event(s), {v(f, 'skipped_steps'):.0f} skipped "
+         f"step(s), {v(f, 'loss_spikes'):.0f} spike(s); loss changed {v(f, 'loss_change'):+.1f}%"),
+    Rule(Bottleneck.MEMORY_BOUND, f"peak memory > {MEMORY_USE:g}% of the capacity",
+         ("memory_use", "peak_memory", "memory_capacity"),
+         lambda f: min(1.0, v(f, "memory_use") / 100) if v(f, "memory_use") > MEMORY_USE else 0.0,
+         lambda f: f"peak {v(f, 'peak_memory'):.2f} GiB is {v(f, 'memory_use'):.0f}% of "
+                   f"{v(f, 'memory_capacity'):.2f} GiB"),
+    Rule(Bottleneck.INPUT_BOUND, f"data wait > {INPUT_SHARE:g}% of the step", ("data_wait", "data_wait_ms"),
+         lambda f: v(f, "data_wait") / 100 if v(f, "data_wait") > INPUT_SHARE else 0.0,
+         lambda f: f"steps wait {v(f, 'data_wait_ms'):.1f} ms for data: {v(f, 'data_wait'):.1f}% of the step"),
+    Rule(Bottleneck.HOST_BOUND, f"CPU: operator calls cost >= {DISPATCH_FLOOR:g}% of the step before any "
+         f"arithmetic; CUDA: the GPU runs kernels < {DEVICE_BUSY:g}% of the step", ("op_calls_per_step",),
+         _host_bound, _host_message),
+    Rule(Bottleneck.COMM_BOUND, f"exposed communication > {COMM_SHARE:g}% of the step", ("comm_exposed",),
+         lambda f: v(f, "comm_exposed") / 100 if v(f, "comm_exposed") > COMM_SHARE else 0.0,
+         lambda f: f"{v(f, 'comm_exposed'):.1f}% of the step waits on all-reduce "
+                   f"({v(f, 'comm_mib_per_step'):.2f} MiB a step, {v(f, 'comm_overlap'):.0f}% overlapped)",
+         applies=lambda f: None if known(f, "comm_exposed") else "one rank: nothing is communicated"),
+    Rule(Bottleneck.OPTIMIZER_BOUND, f"optimizer step > {OPTIMIZER_SHARE:g}% of the step", ("share.optimizer",),
+         lambda f: v(f, "share.optimizer") / 100 if v(f, "share.optimizer") > OPTIMIZER_SHARE else 0.0,
+         lambda f: f"the optimizer step takes {v(f, 'share.optimizer'):.1f}% of the step"),
+    Rule(Bottleneck.ATTENTION_BOUND, f"attention operators >= {ATTENTION_SHARE:g}% of operator time",
+         ("attention_share", "share.forward", "share.backward"),
+         lambda f: v(f, "attention_share") / 100 * compute_share(f) if v(f, "attention_share") >= ATTENTION_SHARE
+         else 0.0, lambda f: f"attention is {v(f, 'attention_share'):.0f}% of operator time"),
+    Rule(Bottleneck.LOW_PRECISION_UNUSED, f"fp32 matmuls on a device whose bf16 matmul peak is >= "
+         f"{LOW_PRECISION_SPEEDUP:g}x its fp32 one, with matmuls >= {MATMUL_SHARE:g}% of operator time",
+         ("run_dtype_speedup", "native_bf16", "bf16_speedup", "matmul_share", "share.forward", "share.backward"),
+         lambda f: _low_precision_gain(f) if v(f, "bf16_speedup") >= LOW_PRECISION_SPEEDUP
+         and v(f, "matmul_share") >= MATMUL_SHARE else 0.0,
+         lambda f: f"matmuls ({v(f, 'matmul_share'):.0f}% of operator time) run in fp32 while this device's bf16 "
+                   f"matmuls are {v(f, 'bf16_speedup'):.2f}x faster: about {100 * _low_precision_gain(f):.0f}% of "
+                   "the step", applies=_bf16_applies),
+    Rule(Bottleneck.PRECISION_EMULATED, f"the run's matmul dtype peaks below {EMULATED_SPEEDUP:g}x fp32",
+         ("run_dtype_speedup", "matmul_share", "share.forward", "share.backward"),
+         lambda f: min(1.0, compute_share(f) * v(f, "matmul_share") / 100 * (1 - v(f, "run_dtype_speedup")))
+         if v(f, "run_dtype_speedup") < EMULATED_SPEEDUP else 0.0,
+         lambda f: f"the run's low-precision matmuls peak at {v(f, 'run_dtype_speedup'):.2f}x fp32 on this device: "
+                   "emulated, slower than fp32",
+         applies=lambda f: "the run's matmuls are fp32" if v(f, "run_dtype_speedup") == 1.0 else None),
+    Rule(Bottleneck.CHECKPOINT_BOUND, f"checkpoint saving > {CHECKPOINT_SHARE:g}% of the step",
+         ("share.checkpoint",),
+         lambda f: v(f, "share.checkpoint") / 100 if v(f, "share.checkpoint") > CHECKPOINT_SHARE else 0.0,
+         lambda f: f"saving checkpoints takes {v(f, 'share.checkpoint'):.1f}% of the run's step time"),
+    Rule(Bottleneck.STRAGGLER, f"slowest rank's median step > {STRAGGLER_RATIO:g}x the median rank's",
+         ("straggler",), lambda f: 1 - 1 / v(f, "straggler") if v(f, "straggler") > STRAGGLER_RATIO else 0.0,
+         lambda f: f"rank {v(f, 'slowest_rank'):.0f}'s steps are {v(f, 'straggler'):.2f}x the median rank's",
+         applies=lambda f: None if known(f, "straggler") else "one rank: no straggler to find"),
+    Rule(Bottleneck.CPU_OVERSUBSCRIBED, f"torch threads + loader workers of a host, plus other processes' load, "
+         f"> cores + {OVERSUBSCRIPTION:g}", ("thread_demand", "cores"),
+         lambda f: 1 - v(f, "cores") / (v(f, "thread_demand") + _others(f))
+         if v(f, "thread_demand") + _others(f) > v(f, "cores") + OVERSUBSCRIPTION else 0.0,
+         lambda f: f"{v(f, 'thread_demand'):.0f} threads and workers, and {_others(f):.1f} cores busy with other "
+                   f"processes, on {v(f, 'cores'):.0f} cores"),
+    Rule(Bottleneck.THROTTLED, f"power or thermal clocks-event reasons in > {THROTTLED_SHARE:g}% of the samples",
+         ("throttled",), lambda f: v(f, "throttled") / 100 if v(f, "throttled") > THROTTLED_SHARE else 0.0,
+         lambda f: f"clocks held back in {v(f, 'throttled'):.0f}% of the samples "
+                   f"(SM clock {v(f, 'sm_clock_drop'):.0f}% below its highest)",
+         applies=lambda f: None if known(f, "throttled") else "no NVML samples: clocks are not measured on this "
+                                                               "device"),
+    Rule(Bottleneck.RECOMPILING, "torch.compile compiled again after the first step", ("recompiles",),
+         lambda f: min(1.0, v(f, "recompiles") / max(v(f, "steps_counted"), 1.0)) if v(f, "recompiles") > 0 else 0.0,
+         lambda f: f"{v(f, 'recompiles'):.0f} frame(s) compiled after the first step"),
+)
+
+COMPUTE_RULE = Rule(
+    Bottleneck.COMPUTE_BOUND, f"no other bottleneck, forward + backward >= {COMPUTE_SHARE:g}% of the step and "
+    f"MFU < {LOW_MFU:g}%", ("mfu", "share.forward", "share.backward"),
+    lambda f: compute_share(f) * (1 - v(f, "mfu") / 100)
+    if compute_share(f) * 100 >= COMPUTE_SHARE and v(f, "mfu") < LOW_MFU else 0.0,
+    lambda f: f"the step is the model's arithmetic ({100 * compute_share(f):.0f}% forward + backward) at "
+              f"{v(f, 'mfu'):.1f}% MFU: its kernels use the device poorly (small matrices)")
+"""Judged last: low MFU is a bottleneck of its own only when nothing else explains the step."""
+
+
+def _others(f: Figures) -> float:
+    value = v(f, "other_cpu_busy")
+    return 0.0 if math.isnan(value) else value
+
+
+def _evidence(rule: Rule, figures: Figures) -> dict[str, dict[str, Any]]:
+    return {n: figures[n].as_dict() for n in rule.needs if n in figures}
+
+
+def _judge(rule: Rule, figures: Figures) -> tuple[Finding | None, str | None]:
+    """(a finding or None, the reason it was skipped or None)."""
+    reason = rule.applies(figures)
+    if reason is None and not known(figures, *rule.needs):
+        missing = [n for n in rule.needs if not known(figures, n)]
+        reason = f"not measured in this run: {', '.join(missing)}"
+    if reason is not None:
+        return None, reason
+    severity = rule.severity(figures)
+    if not severity > 0:
+        return None, None
+    return Finding(rule.kind, float(severity), _evidence(rule, figures), rule.threshold, rule.id,
+                   rule.message(figures)), None
+
+
+def diagnose(figures: Figures) -> dict[str, Any]:
+    """{"bottlenecks": [finding, ...] by severity, "skipped": [{rule, reason}], "verdict": str}."""
+    found, skipped = [], []
+    for rule in RULES:
+        finding, reason = _judge(rule, figures)
+        if finding is not None:
+            found.append(finding)
+        elif reason is not None:
+            skipped.append({"rule": rule.id, "reason": reason})
+    if not found:
+        finding, _ = _judge(COMPUTE_RULE, figures)
+        found += [finding] if finding is not None else []
+    found.sort(key=lambda x: x.severity, reverse=True)
+    return {"bottlenecks": [x.as_dict() for x in found], "skipped": skipped, "verdict": verdict(found, figures)}
+
+
+def verdict(found: list[Finding], figures: Figures) -> str:
+    """One line for people: the top bottleneck, or that none was found and where the time goes."""
+    if found:
+        top = found[0]
+        return f"{top.kind}: {top.message}"
+    shares = {p.name: v(figures, f"share.{p.name}") for p in PHASES}
+    biggest = max((p for p in shares if not math.isnan(shares[p])), key=shares.get, default=None)
+    if biggest is None:
+        return "no bottleneck found (too few steps were measured to say where the time goes)"
+    return f"no bottleneck found: the biggest phase is {biggest} ({shares[biggest]:.0f}% of the step)"

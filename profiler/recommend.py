@@ -1,0 +1,212 @@
+"""Recommendations: the switch changes that address a run's bottlenecks, each with a gain computed
+from that run's own measurements.
+
+What a switch addresses, what it needs and what each candidate change does are the catalog's facts
+(optimizers: `Optimization.addresses`, `Candidate.effects/requires/risk`); this module only judges
+them against a run:
+
+- a candidate is proposed when its switch addresses a bottleneck found, it makes sense from the
+  run's current setting (`applies`), the run has what it requires (capabilities decided from
+  measured figures), the catalog's own checks accept the changed config on this device and world
+  size, and, for changes that alter the model, only with `allow_model_changes`;
+- its expected gain is Amdahl's law over the measured breakdown: each effect removes (or adds) a
+  fraction of a phase's share of the step; tokens/s gains 1 / (1 - removed) - 1. An effect that
+  scales with the bf16/fp16 matmul speedup uses the run's measured matmul share and the device's
+  measured peak ratio; memory effects give the expected peak memory;
+- ranked by severity of the bottleneck addressed x the expected gain in its metric (peak memory for
+  memory_bound, throughput for the rest); a change whose expected gain is not positive is dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from optimizers import REGISTRY, Candidate, ConfigError, Optimization
+from optimizers.facts import Effect
+from optimizers.vocabulary import Bottleneck, Capability
+from profiler.analysis import analyze
+from profiler.analysis.figures import Figures, known
+from profiler.analysis.loader import RunData
+from profiler.config import build_run_config, load_config
+from profiler.diagnose import LOW_PRECISION_SPEEDUP, diagnose, v
+from profiler.metrics import PHASE_NAMES, lookup
+
+SPEEDUP_FIGURES = {"bf16_matmul_speedup": "bf16_speedup", "fp16_matmul_speedup": "fp16_speedup"}
+MEMORY_KINDS = {Bottleneck.MEMORY_BOUND}
+NO_SPEED_METRIC = {Bottleneck.UNSTABLE}
+"""Bottlenecks whose remedies are judged by what they prevent, not by a speed or memory figure."""
+
+
+def capabilities(run: RunData, figures: Figures) -> dict[Capability, tuple[bool, str]]:
+    """Whether the run has each capability, and the evidence, decided from what was measured."""
+    cuda = str((run.record.get("environment") or {}).get("device", "cpu")).startswith("cuda")
+    bf16, fp16 = v(figures, "bf16_speedup"), v(figures, "fp16_speedup")
+    cores, demand = v(figures, "cores"), v(figures, "thread_demand")
+    return {
+        Capability.FAST_BF16_MATMUL: (v(figures, "native_bf16") == 1.0 and bf16 >= LOW_PRECISION_SPEEDUP,
+                                      f"bf16 matmul peak {_x(bf16)} fp32, native bf16 "
+                                      f"{_yes(v(figures, 'native_bf16'))}"),
+        Capability.FAST_FP16_MATMUL: (cuda and fp16 >= LOW_PRECISION_SPEEDUP, f"fp16 matmul peak {_x(fp16)} fp32"),
+        Capability.CUDA: (cuda, "the run's device"),
+        Capability.SEVERAL_RANKS: (run.world_size > 1, f"{run.world_size} rank(s)"),
+        Capability.SPARE_CORES: (not (demand >= cores), f"{demand:.0f} threads and workers on {cores:.0f} cores"),
+        Capability.COMPILER: (True, "checked by the compile switch's own config check"),
+    }
+
+
+def _x(ratio: float) -> str:
+    return "not measured" if math.isnan(ratio) else f"{ratio:.2f}x"
+
+
+def _yes(flag: float) -> str:
+    return "not recorded" if math.isnan(flag) else ("yes" if flag == 1.0 else "no")
+
+
+SOFT = {Capability.SPARE_CORES}
+"""Capabilities whose absence lowers a gain instead of ruling the change out (a worker waiting on
+I/O needs no core of its own)."""
+
+
+def _fraction(effect: Effect, figures: Figures) -> tuple[float, float]:
+    """The effect's (low, high) fraction of its target, with this run's measured figures."""
+    if effect.scales_with in SPEEDUP_FIGURES:
+        speedup = v(figures, SPEEDUP_FIGURES[effect.scales_with])
+        if math.isnan(speedup):
+            return math.nan, math.nan
+        share = v(figures, "matmul_share") / 100  # measured; the catalog's range is the prior
+        low, high = (0.8 * share, share) if not math.isnan(share) else (effect.low, effect.high)
+        return low * (1 - 1 / speedup), high * (1 - 1 / speedup)
+    if effect.scales_with == "attention_share":
+        return effect.fraction({"attention_share": v(figures, "attention_share") / 100})
+    return effect.fraction({})
+
+
+def expected(candidate: Candidate, figures: Figures) -> dict[str, Any]:
+    """The expected change of throughput (and of peak memory) from the candidate's effects."""
+    removed_low = removed_high = 0.0
+    memory: tuple[float, float] | None = None
+    basis = []
+    for effect in candidate.effects:
+        low, high = _fraction(effect, figures)
+        if math.isnan(low):
+            continue
+        sign = 1 if effect.change == "shrinks" else -1
+        if effect.target in PHASE_NAMES:
+            share = v(figures, f"share.{effect.target}") / 100
+            if math.isnan(share) or share == 0:
+                continue
+            a, b = sign * share * low, sign * share * high
+            removed_low, removed_high = removed_low + min(a, b), removed_high + max(a, b)
+            basis.append(f"{effect.target} {100 * share:.0f}% of the step, {effect.change} by "
+                         f"{100 * low:.0f}-{100 * high:.0f}%")
+        elif effect.target == "peak_memory" and known(figures, "peak_memory"):
+            memory = (-sign * high, -sign * low)
+            basis.append(f"peak memory {effect.change} by {100 * low:.0f}-{100 * high:.0f}%")
+    out: dict[str, Any] = {"tokens_per_s": {"low": 100 * (1 / (1 - removed_low) - 1),
+                                            "high": 100 * (1 / (1 - removed_high) - 1), "unit": "%"}}
+    if memory is not None:
+        peak = v(figures, "peak_memory")
+        out["peak_memory"] = {"low": 100 * memory[0], "high": 100 * memory[1], "unit": "%",
+                              "from_gib": peak, "to_gib": [peak * (1 + memory[0]), peak * (1 + memory[1])]}
+    out["basis"] = "Amdahl: " + "; ".join(basis) if basis else candidate.note
+    return out
+
+
+def _gain(kind: Bottleneck, exp: Mapping[str, Any]) -> float:
+    """The candidate's gain for `kind`, as a fraction, judged by the middle of its range."""
+    if kind in MEMORY_KINDS:
+        mem = exp.get("peak_memory")
+        return -(mem["low"] + mem["high"]) / 200 if mem else 0.0
+    tps = exp["tokens_per_s"]
+    return (tps["low"] + tps["high"]) / 200
+
+
+def _current(config: Mapping[str, Any]):
+    def get(key: str) -> Any:
+        return lookup(config, key)
+    return get
+
+
+def command(run: RunData, settings: Mapping[str, Any]) -> str:
+    """The profile-run line that reruns this run with the change."""
+    args = ["profile-run", "--from-run", str(run.path)]
+    if run.world_size > 1:
+        args += ["--nproc", str(run.world_size)]
+    for key, value in settings.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        args += ["--set", f"{key}={text}"]
+    return shlex.join(args)
+
+
+def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, allow_model_changes: bool = False,
+              top: int | None = None) -> dict[str, Any]:
+    """{"recommendations": [...] ranked, "excluded": [{switch, set, reason}]} for a diagnosed run."""
+    severity = {Bottleneck(b["kind"]): b["severity"] for b in diagnosis["bottlenecks"]}
+    caps = capabilities(run, figures)
+    cfg = build_run_config(run.config)
+    current = _current(run.config)
+    ranked, excluded = [], []
+    for opt in REGISTRY:
+        kinds = [k for k in opt.addresses if k in severity]
+        for candidate in opt.candidates if kinds else ():
+            settings = candidate.resolve(current)
+            reason = _exclusion(opt, candidate, cfg, run, caps, settings, allow_model_changes)
+            if reason == "":
+                continue  # already what the run does: not worth a line
+            if reason:
+                excluded.append({"switch": opt.name, "set": dict(settings), "reason": reason})
+                continue
+            exp = expected(candidate, figures)
+            scored = [(severity[k] * _gain(k, exp), k) for k in kinds if k not in NO_SPEED_METRIC]
+            scored += [(severity[k] * 0.5, k) for k in kinds if k in NO_SPEED_METRIC]
+            score, kind = max(scored)
+            if score <= 0:
+                excluded.append({"switch": opt.name, "set": dict(settings),
+                                 "reason": f"no expected gain on this run ({exp['basis']})"})
+                continue
+            notes = [candidate.note] if candidate.note else []
+            soft = [f"{c}: {caps[c][1]}" for c in candidate.requires if c in SOFT and not caps[c][0]]
+            if soft:
+                notes.append("missing " + "; ".join(soft) + " (the gain may be smaller)")
+            ranked.append({"switch": opt.name, "set": dict(settings), "addresses": [str(k) for k in kinds],
+                           "for": str(kind), "score": score, "expected": exp, "risk": candidate.risk,
+                           "notes": notes, "command": command(run, settings)})
+    ranked.sort(key=lambda r: r["score"], reverse=True)
+    return {"recommendations": ranked[:top] if top else ranked, "excluded": excluded}
+
+
+def _exclusion(opt: Optimization, candidate: Candidate, cfg: Any, run: RunData,
+               caps: Mapping[Capability, tuple[bool, str]], settings: Mapping[str, Any],
+               allow_model_changes: bool) -> str | None:
+    """Why the candidate is not proposed ('' when the run already does it), or None."""
+    if not candidate.applies(getattr(cfg.switches, opt.name)):
+        return ""
+    if all(lookup(run.config, k) == value for k, value in settings.items()):
+        return ""
+    if candidate.risk == "changes_model" and not allow_model_changes:
+        return "changes the model (listed with --allow-model-changes)"
+    missing = [f"{c} ({caps[c][1]})" for c in candidate.requires if c not in SOFT and not caps[c][0]]
+    if missing:
+        return "needs " + ", ".join(missing)
+    if str(lookup(run.record, "environment.device") or "cpu").startswith("cuda") and not torch.cuda.is_available():
+        return None  # the catalog's checks judge the run's own device, which this machine lacks
+    overrides = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()]
+    try:
+        load_config(base=run.config, overrides=overrides, nproc=run.world_size)
+    except ConfigError as exc:
+        return f"cannot run here: {exc}"
+    return None
+
+
+def advise(run: RunData, *, allow_model_changes: bool = False, top: int | None = None) -> dict[str, Any]:
+    """The run's diagnosis and recommendations, with the figures they rest on (run.json `diagnosis`)."""
+    figures = analyze(run)
+    diagnosis = diagnose(figures)
+    advice = recommend(run, figures, diagnosis, allow_model_changes=allow_model_changes, top=top)
+    return {**diagnosis, **advice, "allow_model_changes": allow_model_changes,
+            "figures": {name: f.as_dict() for name, f in figures.items()}}
