@@ -46,6 +46,8 @@ class Rule:
     message: Callable[[Figures], str]
     applies: Callable[[Figures], str | None] = field(default=lambda f: None)
     """The reason the rule cannot judge this run, or None."""
+    also: tuple[str, ...] = ()
+    """Figures cited as evidence when the run has them, not required."""
 
     @property
     def id(self) -> str:
@@ -62,13 +64,13 @@ def compute_share(f: Figures) -> float:
 
 
 # -- thresholds (docs/diagnosis.md says where each comes from) ------------------------------
-INPUT_SHARE = 5.0  # % of the step: TensorBoard plugin rule R1 (DataLoader time / step time > 0.05)
-DISPATCH_FLOOR = 50.0  # % of the step the operator calls cost before any arithmetic (ours)
+INPUT_SHARE = 10.0  # % of the step: TensorBoard plugin rule R1 says 0.05; see docs/diagnosis.md
+TINY_OPS = 40.0  # % of operator time in calls under 10 us (ours; HTA's launch-overhead cut, on the CPU)
 DEVICE_BUSY = 50.0  # % of the step the GPU runs kernels: Nsight gpu_time_util, TB plugin R5 (0.5)
 MEMORY_USE = 90.0  # % of capacity: TensorBoard plugin rule R7 (peak > 0.9 x device memory)
 COMM_SHARE = 10.0  # % of the step: TensorBoard plugin rule R4 (communication / step > 0.1)
 OPTIMIZER_SHARE = 25.0  # % of the step (ours)
-ATTENTION_SHARE = 30.0  # % of operator time (ours)
+ATTENTION_SHARE = 30.0  # % of the step: attention's share of operator time x forward + backward (ours)
 LOW_PRECISION_SPEEDUP = 1.3  # x: measured bf16/fp32 matmul peak ratio worth switching for (ours)
 MATMUL_SHARE = 20.0  # % of operator time in matmuls, below which precision hardly matters (ours)
 EMULATED_SPEEDUP = 0.8  # x: the run's dtype peak over fp32 below which it is emulated (ours)
@@ -76,7 +78,8 @@ COMPUTE_SHARE = 80.0  # % of the step in forward + backward (ours)
 LOW_MFU = 25.0  # % (ours)
 CHECKPOINT_SHARE = 5.0  # % of the step (ours)
 STRAGGLER_RATIO = 1.2  # x slowest rank's median step over the median rank's (ours)
-OVERSUBSCRIPTION = 0.5  # cores of demand beyond the machine's (SageMaker Dataloader rule: workers vs cores)
+OVERSUBSCRIPTION = 0.5  # threads beyond the cores (SageMaker Dataloader rule: workers vs cores); other
+# processes' load is evidence, not a trigger: a shared runner's neighbours are not the run's setup
 THROTTLED_SHARE = 10.0  # % of samples with a power or thermal clocks-event reason (ours)
 
 
@@ -95,35 +98,43 @@ def _bf16_applies(f: Figures) -> str | None:
     return None
 
 
+def _attention(f: Figures) -> float:
+    return v(f, "attention_share") / 100 * compute_share(f)
+
+
 def _host_bound(f: Figures) -> float:
-    """CUDA: the idle share of the step that waiting for data does not explain; CPU: the dispatch floor."""
+    """CUDA: the idle share of the step that waiting for data does not explain; CPU: the share of
+    forward and backward in operator calls under 10 us."""
     if known(f, "device_busy"):
         idle = 1 - v(f, "device_busy") / 100 - v(f, "data_wait") / 100
         return max(0.0, idle) if v(f, "device_busy") < DEVICE_BUSY else 0.0
-    return min(1.0, v(f, "dispatch_floor") / 100) if v(f, "dispatch_floor") >= DISPATCH_FLOOR else 0.0
+    return v(f, "tiny_op_share") / 100 * compute_share(f) if v(f, "tiny_op_share") >= TINY_OPS else 0.0
 
 
 def _host_message(f: Figures) -> str:
     if known(f, "device_busy"):
         return f"the GPU runs kernels only {v(f, 'device_busy'):.0f}% of the step: the host cannot feed it"
-    return (f"{v(f, 'op_calls_per_step'):.0f} operator calls a step cost {v(f, 'dispatch_floor'):.0f}% of it in "
-            "dispatch alone: the step is many tiny operators")
+    return (f"{v(f, 'tiny_op_share'):.0f}% of operator time is in calls under 10 us ({v(f, 'op_calls_per_step'):.0f} "
+            "calls a step): the step is framework overhead, not arithmetic")
 
 
 def _unstable(f: Figures) -> float:
     if v(f, "non_finite") > 0:
         return 1.0  # the run trained on NaN/Inf or stopped: nothing else it measured counts
     steps = max(v(f, "steps_counted"), 1.0)
-    affected = v(f, "skipped_steps") + v(f, "loss_spikes") + v(f, "grad_norm_outliers")
-    diverging = v(f, "loss_change") > 0
+    affected = sum(0.0 if math.isnan(v(f, n)) else v(f, n) for n in ("skipped_steps", "loss_spikes",
+                                                                       "grad_norm_outliers"))
+    diverging = v(f, "loss_change") > 0  # NaN (a non-finite loss) is caught above
     return max(min(1.0, affected / steps), 0.5 if diverging else 0.0)
 
 
 RULES: tuple[Rule, ...] = (
     Rule(Bottleneck.UNSTABLE, "any non-finite loss or gradient, skipped step, loss spike or grad-norm outlier, "
-         "or a loss that rose", ("non_finite", "skipped_steps", "loss_spikes", "loss_change", "steps_counted"),
-         _unstable, lambda f: f"{v(f, 'non_finite'):.0f} non-finite event(s), {v(f, 'skipped_steps'):.0f} skipped "
-         f"step(s), {v(f, 'loss_spikes'):.0f} spike(s); loss changed {v(f, 'loss_change'):+.1f}%"),
+         "or a loss that rose", ("non_finite", "steps_counted"), _unstable,
+         lambda f: f"{v(f, 'non_finite'):.0f} non-finite event(s), {v(f, 'skipped_steps'):.0f} skipped step(s), "
+                   f"{v(f, 'loss_spikes'):.0f} spike(s), {v(f, 'grad_norm_outliers'):.0f} grad-norm outlier(s); "
+                   f"loss changed {v(f, 'loss_change'):+.1f}%",
+         also=("skipped_steps", "loss_spikes", "grad_norm_outliers", "loss_change")),
     Rule(Bottleneck.MEMORY_BOUND, f"peak memory > {MEMORY_USE:g}% of the capacity",
          ("memory_use", "peak_memory", "memory_capacity"),
          lambda f: min(1.0, v(f, "memory_use") / 100) if v(f, "memory_use") > MEMORY_USE else 0.0,
@@ -132,8 +143,8 @@ RULES: tuple[Rule, ...] = (
     Rule(Bottleneck.INPUT_BOUND, f"data wait > {INPUT_SHARE:g}% of the step", ("data_wait", "data_wait_ms"),
          lambda f: v(f, "data_wait") / 100 if v(f, "data_wait") > INPUT_SHARE else 0.0,
          lambda f: f"steps wait {v(f, 'data_wait_ms'):.1f} ms for data: {v(f, 'data_wait'):.1f}% of the step"),
-    Rule(Bottleneck.HOST_BOUND, f"CPU: operator calls cost >= {DISPATCH_FLOOR:g}% of the step before any "
-         f"arithmetic; CUDA: the GPU runs kernels < {DEVICE_BUSY:g}% of the step", ("op_calls_per_step",),
+    Rule(Bottleneck.HOST_BOUND, f"CPU: >= {TINY_OPS:g}% of operator time in calls under 10 us; CUDA: the GPU "
+         f"runs kernels < {DEVICE_BUSY:g}% of the step", ("op_calls_per_step", "share.forward", "share.backward"),
          _host_bound, _host_message),
     Rule(Bottleneck.COMM_BOUND, f"exposed communication > {COMM_SHARE:g}% of the step", ("comm_exposed",),
          lambda f: v(f, "comm_exposed") / 100 if v(f, "comm_exposed") > COMM_SHARE else 0.0,
@@ -143,10 +154,11 @@ RULES: tuple[Rule, ...] = (
     Rule(Bottleneck.OPTIMIZER_BOUND, f"optimizer step > {OPTIMIZER_SHARE:g}% of the step", ("share.optimizer",),
          lambda f: v(f, "share.optimizer") / 100 if v(f, "share.optimizer") > OPTIMIZER_SHARE else 0.0,
          lambda f: f"the optimizer step takes {v(f, 'share.optimizer'):.1f}% of the step"),
-    Rule(Bottleneck.ATTENTION_BOUND, f"attention operators >= {ATTENTION_SHARE:g}% of operator time",
-         ("attention_share", "share.forward", "share.backward"),
-         lambda f: v(f, "attention_share") / 100 * compute_share(f) if v(f, "attention_share") >= ATTENTION_SHARE
-         else 0.0, lambda f: f"attention is {v(f, 'attention_share'):.0f}% of operator time"),
+    Rule(Bottleneck.ATTENTION_BOUND, f"attention operators >= {ATTENTION_SHARE:g}% of the step (their share of "
+         "operator time x forward + backward)", ("attention_share", "share.forward", "share.backward"),
+         lambda f: _attention(f) if 100 * _attention(f) >= ATTENTION_SHARE else 0.0,
+         lambda f: f"attention is {v(f, 'attention_share'):.0f}% of operator time, about {100 * _attention(f):.0f}% "
+                   "of the step"),
     Rule(Bottleneck.LOW_PRECISION_UNUSED, f"fp32 matmuls on a device whose bf16 matmul peak is >= "
          f"{LOW_PRECISION_SPEEDUP:g}x its fp32 one, with matmuls >= {MATMUL_SHARE:g}% of operator time",
          ("run_dtype_speedup", "native_bf16", "bf16_speedup", "matmul_share", "share.forward", "share.backward"),
@@ -170,12 +182,12 @@ RULES: tuple[Rule, ...] = (
          ("straggler",), lambda f: 1 - 1 / v(f, "straggler") if v(f, "straggler") > STRAGGLER_RATIO else 0.0,
          lambda f: f"rank {v(f, 'slowest_rank'):.0f}'s steps are {v(f, 'straggler'):.2f}x the median rank's",
          applies=lambda f: None if known(f, "straggler") else "one rank: no straggler to find"),
-    Rule(Bottleneck.CPU_OVERSUBSCRIBED, f"torch threads + loader workers of a host, plus other processes' load, "
-         f"> cores + {OVERSUBSCRIPTION:g}", ("thread_demand", "cores"),
-         lambda f: 1 - v(f, "cores") / (v(f, "thread_demand") + _others(f))
-         if v(f, "thread_demand") + _others(f) > v(f, "cores") + OVERSUBSCRIPTION else 0.0,
-         lambda f: f"{v(f, 'thread_demand'):.0f} threads and workers, and {_others(f):.1f} cores busy with other "
-                   f"processes, on {v(f, 'cores'):.0f} cores"),
+    Rule(Bottleneck.CPU_OVERSUBSCRIBED, f"torch threads + loader workers of the ranks of a host > its cores + "
+         f"{OVERSUBSCRIPTION:g}", ("thread_demand", "cores"),
+         lambda f: 1 - v(f, "cores") / v(f, "thread_demand")
+         if v(f, "thread_demand") > v(f, "cores") + OVERSUBSCRIPTION else 0.0,
+         lambda f: f"{v(f, 'thread_demand'):.0f} torch threads and loader workers on {v(f, 'cores'):.0f} cores "
+                   f"(other processes kept {_others(f):.1f} cores busy meanwhile)", also=("other_cpu_busy",)),
     Rule(Bottleneck.THROTTLED, f"power or thermal clocks-event reasons in > {THROTTLED_SHARE:g}% of the samples",
          ("throttled",), lambda f: v(f, "throttled") / 100 if v(f, "throttled") > THROTTLED_SHARE else 0.0,
          lambda f: f"clocks held back in {v(f, 'throttled'):.0f}% of the samples "
@@ -203,7 +215,7 @@ def _others(f: Figures) -> float:
 
 
 def _evidence(rule: Rule, figures: Figures) -> dict[str, dict[str, Any]]:
-    return {n: figures[n].as_dict() for n in rule.needs if n in figures}
+    return {n: figures[n].as_dict() for n in (*rule.needs, *rule.also) if n in figures}
 
 
 def _judge(rule: Rule, figures: Figures) -> tuple[Finding | None, str | None]:

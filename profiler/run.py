@@ -31,9 +31,10 @@ from typing import Any
 import torch
 
 from profiler import store
-from profiler.analysis import load_run, summarize
+from profiler.analysis import RunData, load_run, summarize
+from profiler.analysis.operators import precision_work
 from profiler.config import RunConfig, build_run_config
-from profiler.device import dispatch_overhead_s, environment, matmul_peaks, run_peak
+from profiler.device import MATMUL_DTYPES, environment, matmul_peaks, matmul_speedup, run_peak
 from profiler.instruments import Instrument, Sampler, StepTimer, TraceWindow, choose_backend
 from profiler.instruments.comm import CommStats
 from profiler.instruments.compile_watch import CompileWatch
@@ -176,20 +177,32 @@ def finalize(run_dir: Path, *, launcher_error: str | None = None) -> dict[str, A
     if not record.get("peak"):  # ranks started elsewhere (init-run): measured here, now
         cfg = build_run_config(record["config"])
         device = resolve_device(cfg.train.device)
-        fields.update(peak=run_peak(device, cfg.switches.amp.dtype), matmul_peaks=matmul_peaks(device),
-                      dispatch_s=dispatch_overhead_s())
+        fields.update(peak=run_peak(device, cfg.switches.amp.dtype), matmul_peaks=matmul_peaks(device))
     store.update_run(
         run_dir, status=status, error=error, ended=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         ranks=list(statuses.values()),
         model={"num_params": rank0.get("num_params"), "flops_per_token": rank0.get("flops_per_token")},
         switches_applied=rank0.get("applied", []), setup_notes=rank0.get("notes", []),
         sampling=rank0.get("sampling"), **fields)
-    record = store.update_run(run_dir, summary=summarize(load_run(run_dir)))
+    run = load_run(run_dir)
+    store.update_run(run_dir, summary=summarize(run))
     try:  # advice is a reading of what was measured: it must never cost the run its record
+        store.update_run(run_dir, shape_speedup=shape_speedup(run))
         diagnosis = advise(load_run(run_dir))
     except Exception as exc:
         diagnosis = {"error": f"{type(exc).__name__}: {exc}"}
-    return store.update_run(run_dir, diagnosis=diagnosis) if record else record
+    return store.update_run(run_dir, diagnosis=diagnosis)
+
+
+def shape_speedup(run: RunData) -> dict[str, float]:
+    """The low-precision dtypes' speedup over fp32 at the run's own heaviest matmul and attention shapes, measured
+    now on this machine (the run's is still warm): what switching precision would give this model."""
+    work = precision_work(run)
+    if not work:
+        return {}
+    device = resolve_device(build_run_config(run.config).train.device)
+    kinds = ("bf16", "fp16") if device.type == "cuda" else ("bf16",)
+    return {kind: matmul_speedup(device, work, MATMUL_DTYPES[kind]) for kind in kinds}
 
 
 def create_run_dir(cfg: RunConfig, *, runs_dir: Path | None, nproc: int, launcher: bool = True) -> Path:
@@ -204,8 +217,7 @@ def create_run_dir(cfg: RunConfig, *, runs_dir: Path | None, nproc: int, launche
     record: dict[str, Any] = {"config": cfg.to_dict(), "world_size": nproc,
                               "environment": environment(device, world_size=nproc)}
     if launcher:
-        record.update(peak=run_peak(device, cfg.switches.amp.dtype), matmul_peaks=matmul_peaks(device),
-                      dispatch_s=dispatch_overhead_s())
+        record.update(peak=run_peak(device, cfg.switches.amp.dtype), matmul_peaks=matmul_peaks(device))
     else:
         record["pid"] = None
     return store.create_run(store.default_runs_dir(runs_dir), cfg.name, record)

@@ -17,7 +17,7 @@ HEALTHY = {
     "share.data": 1.0, "share.h2d": 0.0, "share.forward": 30.0, "share.backward": 60.0, "share.optimizer": 8.0,
     "share.comm": 0.0, "share.checkpoint": 0.0, "share.other": 1.0, "data_wait": 1.0, "data_wait_ms": 0.2,
     "mfu": 40.0, "steps_counted": 20.0, "memory_use": 10.0, "peak_memory": 1.0, "memory_capacity": 10.0,
-    "op_calls_per_step": 2000.0, "dispatch_floor": 10.0, "matmul_share": 60.0, "attention_share": 10.0,
+    "op_calls_per_step": 2000.0, "tiny_op_share": 10.0, "matmul_share": 60.0, "attention_share": 10.0,
     "native_bf16": 1.0, "bf16_speedup": 2.0, "run_dtype_speedup": 2.0, "cores": 8.0, "thread_demand": 4.0,
     "other_cpu_busy": 0.0, "non_finite": 0.0, "skipped_steps": 0.0, "loss_spikes": 0.0, "loss_change": -20.0,
     "grad_norm_outliers": 0.0, "recompiles": 0.0,
@@ -44,10 +44,11 @@ EPS = 1e-6
 CASES = [
     ("input_bound", {"data_wait": d.INPUT_SHARE}, {"data_wait": d.INPUT_SHARE + EPS}),
     ("memory_bound", {"memory_use": d.MEMORY_USE}, {"memory_use": d.MEMORY_USE + EPS}),
-    ("host_bound", {"dispatch_floor": d.DISPATCH_FLOOR - EPS}, {"dispatch_floor": d.DISPATCH_FLOOR}),
+    ("host_bound", {"tiny_op_share": d.TINY_OPS - EPS}, {"tiny_op_share": d.TINY_OPS}),
     ("comm_bound", {"comm_exposed": d.COMM_SHARE}, {"comm_exposed": d.COMM_SHARE + EPS}),
     ("optimizer_bound", {"share__optimizer": d.OPTIMIZER_SHARE}, {"share__optimizer": d.OPTIMIZER_SHARE + EPS}),
-    ("attention_bound", {"attention_share": d.ATTENTION_SHARE - EPS}, {"attention_share": d.ATTENTION_SHARE}),
+    ("attention_bound", {"attention_share": d.ATTENTION_SHARE / 0.9 - EPS},
+     {"attention_share": d.ATTENTION_SHARE / 0.9 + EPS}),  # forward + backward are 90% of the step
     ("low_precision_unused", {"run_dtype_speedup": 1.0, "bf16_speedup": d.LOW_PRECISION_SPEEDUP - EPS},
      {"run_dtype_speedup": 1.0, "bf16_speedup": d.LOW_PRECISION_SPEEDUP}),
     ("precision_emulated", {"run_dtype_speedup": d.EMULATED_SPEEDUP}, {"run_dtype_speedup": d.EMULATED_SPEEDUP - EPS}),
@@ -94,7 +95,7 @@ def test_low_precision_is_skipped_with_the_reason_where_there_is_no_bf16() -> No
 
 def test_compute_bound_only_when_nothing_else_explains_the_step() -> None:
     assert kinds(figures(mfu=5.0)) == ["compute_bound"]
-    assert kinds(figures(mfu=5.0, data_wait=6.0)) == ["input_bound"]
+    assert kinds(figures(mfu=5.0, data_wait=d.INPUT_SHARE + 1)) == ["input_bound"]
 
 
 def test_a_rule_without_its_figures_is_skipped_not_guessed() -> None:

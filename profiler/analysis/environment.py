@@ -3,8 +3,11 @@
 Figures:
 - `native_bf16` (1 or 0): bf16 matmul hardware: a CPU with avx512_bf16 or amx_bf16, a CUDA GPU of
   compute capability 8.0+ (environment.cpu_flags / cuda_capability).
-- `bf16_speedup`, `fp16_speedup` (x): the device's measured bf16 / fp16 matmul peak over its fp32
-  (or tf32) peak (run.json `matmul_peaks`); `run_dtype_speedup`: the same for the run's own dtype.
+- `bf16_speedup`, `fp16_speedup` (x): how much faster the run's own heaviest matmul shapes run in
+  bf16 / fp16 than in fp32 on this machine (run.json `shape_speedup`, measured when the run ended;
+  the device's peak ratio where it was not measured); `bf16_peak_ratio`, `fp16_peak_ratio`: the
+  device's peak ratio on big squares (run.json `matmul_peaks`); `run_dtype_speedup`: the speedup of
+  the run's own dtype (1 for fp32).
 - `cores`: CPU cores the process may use; `thread_demand`: torch threads + loader workers of all
   ranks on one host; `other_cpu_busy` (cores): what other processes kept busy meanwhile (samples).
 - `throttled` (% of NVML samples inside steps with a power or thermal clocks-event reason),
@@ -34,15 +37,25 @@ def _native_bf16(env: Mapping[str, Any]) -> float:
 
 
 def _speedups(run: RunData) -> Figures:
+    """bf16/fp16 over fp32: at the run's own matmul shapes when measured (run.json `shape_speedup`,
+    what a switch would give this model), else the device's peak ratio on big squares."""
     peaks = run.record.get("matmul_peaks") or {}
+    at_shapes = run.record.get("shape_speedup") or {}
     base = num(peaks.get("tf32", peaks.get("fp32")))
-    out = {f"{kind}_speedup": Figure(num(peaks.get(kind)) / base, "x", f"run.json matmul_peaks.{kind} / fp32")
-           for kind in ("bf16", "fp16") if kind in peaks}
+    out: Figures = {}
+    for kind in ("bf16", "fp16"):
+        if kind in peaks:
+            out[f"{kind}_peak_ratio"] = Figure(num(peaks[kind]) / base, "x", f"run.json matmul_peaks.{kind} / fp32")
+        if kind in at_shapes:
+            out[f"{kind}_speedup"] = Figure(num(at_shapes[kind]), "x",
+                                            f"run.json shape_speedup.{kind} (the run's heaviest matmul shapes)")
+        elif kind in peaks:
+            out[f"{kind}_speedup"] = out[f"{kind}_peak_ratio"]
     kind = (run.record.get("peak") or {}).get("dtype")
     if kind in ("fp32", "tf32"):
         out["run_dtype_speedup"] = Figure(1.0, "x", "the run's matmuls are fp32")
-    elif kind in peaks:
-        out["run_dtype_speedup"] = Figure(num(peaks[kind]) / base, "x", f"run.json matmul_peaks.{kind} / fp32")
+    elif f"{kind}_speedup" in out:
+        out["run_dtype_speedup"] = out[f"{kind}_speedup"]
     return out
 
 

@@ -5,8 +5,9 @@ Times are self times of `aten::` operators per profiled step: the device's on CU
 shares are used, not absolute times). Figures:
 
 - `op_calls_per_step`: aten operator calls per step (forward, backward, optimizer).
-- `dispatch_floor` (% of the step): calls x the host's measured cost of one operator call
-  (run.json `dispatch_s`): the part of the step that is overhead before any arithmetic.
+- `tiny_op_share` (% of operator time): time in operators whose calls average under 10 us, i.e.
+  the framework's per-call work (dispatch, autograd bookkeeping, allocation) rather than
+  arithmetic; HTA's kernel-launch statistics make the same cut on the GPU side (launch 5-20 us).
 - `device_busy` (% of the step, CUDA): operator time on the device over the step time.
 - `matmul_share`, `attention_share` (% of operator time): matrix multiplies (mm, addmm, bmm,
   scaled-dot-product attention); attention (SDPA and its backward, bmm, 4-D softmax: the model's
@@ -17,6 +18,7 @@ shares are used, not absolute times). Figures:
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -28,6 +30,8 @@ from profiler.analysis.loader import RunData
 
 MATMUL = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|addmv|_scaled_dot_product|scaled_dot_product)")
 ATTENTION = re.compile(r"^aten::(.*scaled_dot_product.*|.*attention.*|bmm|baddbmm)$")
+TINY_OP_S = 10e-6
+"""An operator call averaging less than this is overhead, not arithmetic."""
 SOFTMAX = re.compile(r"^aten::(_softmax|softmax|_softmax_backward_data)$")
 
 
@@ -51,6 +55,36 @@ def _attention(ops: pd.DataFrame) -> pd.Series:
     return ops["name"].str.match(ATTENTION) | (ops["name"].str.match(SOFTMAX) & four_d)
 
 
+_SHAPED = {"aten::mm": ("mm", (0, 1)), "aten::bmm": ("mm", (0, 1)), "aten::addmm": ("mm", (1, 2))}
+"""Matmuls whose operand shapes the ops table records, and which inputs are the operands."""
+SDPA_FORWARD = re.compile(r"^aten::_scaled_dot_product_\w*attention\w*$")
+"""Fused attention forwards (flash, efficient, cudnn; the CPU flash kernel): inputs q, k, v first."""
+
+
+def precision_work(run: RunData, top: int = 8) -> list[tuple[str, tuple[tuple[int, ...], ...], float]]:
+    """The heaviest matmul and attention calls of the profiled steps, to time in another precision:
+    (kind "mm" or "sdpa", operand shapes, calls per step), at most `top` of each kind."""
+    ops = per_step(run).sort_values("time_s", ascending=False)
+    picked: list[tuple[str, tuple[tuple[int, ...], ...], float]] = []
+    for name, text, calls in zip(ops["name"], ops["input_shapes"], ops["calls"], strict=True):
+        if name in _SHAPED:
+            kind, which = _SHAPED[name]
+        elif SDPA_FORWARD.match(name) and not name.endswith("_backward"):
+            kind, which = "sdpa", (0, 1, 2)
+        else:
+            continue
+        if sum(1 for k, _, _ in picked if k == kind) >= top:
+            continue
+        try:
+            inputs = ast.literal_eval(text)
+            shapes = tuple(tuple(inputs[i]) for i in which)
+        except (ValueError, SyntaxError, IndexError, TypeError):
+            continue
+        if all(shapes):
+            picked.append((kind, shapes, float(calls)))
+    return picked
+
+
 def top_operators(run: RunData, n: int = 10) -> pd.DataFrame:
     """The `n` heaviest operators per step: name, calls, time (ms), share of operator time (%)."""
     ops = per_step(run).groupby("name", as_index=False)[["calls", "time_s"]].sum()
@@ -70,8 +104,8 @@ def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
     source = "ops.parquet (" + ("self_device_s" if _is_cuda(run) else "self_cpu_s") + ")"
     out: Figures = {
         "op_calls_per_step": Figure(calls, "calls", "ops.parquet (calls / steps)"),
-        "dispatch_floor": Figure(100 * calls * num(run.record.get("dispatch_s")) / step_s, "%",
-                                 "ops.parquet calls x run.json dispatch_s / summary.step_time_s.mean"),
+        "tiny_op_share": Figure(100 * float(ops.loc[ops["time_s"] < TINY_OP_S * ops["calls"], "time_s"].sum()) / total,
+                                "%", source),
         "matmul_share": Figure(100 * float(ops.loc[ops["name"].str.match(MATMUL), "time_s"].sum()) / total, "%",
                                source),
         "attention_share": Figure(100 * float(ops.loc[_attention(ops), "time_s"].sum()) / total, "%", source),
