@@ -1,0 +1,124 @@
+"""`glmperf compare`: baseline runs vs candidate runs as a CI gate.
+
+    glmperf compare BASE CAND
+    glmperf compare BASE... --vs CAND... [--metric NAME:THRESHOLD ...] [--gate FILE.yaml]
+                    [--format text|markdown|json|junit] [--output FILE]
+
+A run is a run directory, a run id or a run name in --runs-dir; a directory of runs stands for all
+of them (the repeats of one side). Exit 0: no gated metric regressed (unchanged, improved or
+inconclusive); 1: a gated metric regressed, or a gated loss curve drifted; 2: bad input (a missing,
+corrupt or unfinished run, an unknown metric, a malformed gate file), in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from profiler import store
+from profiler.analysis import RunData, load_run
+from profiler.compare_formats import FORMATS, RENDER, to_text
+from profiler.compare_gate import COMPARABLE, Gate, GateError, make_gate
+from profiler.compare_runs import compare
+
+EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `compare` on the glmperf command's subparsers."""
+    p = subparsers.add_parser(
+        "compare", help="baseline vs candidate runs, with statistics; exit 1 on a regression (a CI gate)",
+        description="Compare baseline runs with candidate runs metric by metric (medians of the steady steps, "
+                    "a confidence interval, a Mann-Whitney p-value, a verdict) and exit 1 when a gated metric "
+                    "regressed beyond its threshold with confidence.",
+        epilog="example: glmperf compare base-run --vs cand-run-1 cand-run-2 --metric step_time_p50:+5%")
+    p.add_argument("runs", nargs="+", metavar="BASE", help="baseline run(s): directory, id, name, or a directory "
+                   "of runs; without --vs, exactly BASE CAND")
+    p.add_argument("--vs", nargs="+", metavar="CAND", help="candidate run(s)")
+    p.add_argument("--metric", action="append", default=[], metavar="NAME:THRESHOLD",
+                   help="gate a metric on a relative change in its bad direction, e.g. step_time_p50:+5%%, "
+                        f"tokens_per_s:-5%%, peak_memory:+10%%, loss_parity:1%% (repeatable; known: "
+                        f"{', '.join(COMPARABLE)})")
+    p.add_argument("--gate", type=Path, metavar="FILE.yaml", help="a project's thresholds and options (docs/ci.md)")
+    p.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
+    p.add_argument("--output", type=Path, metavar="FILE", help="write the --format output to FILE (the text "
+                   "report still goes to stdout)")
+    p.add_argument("--run-noise", type=float, metavar="FRACTION", help="run-to-run noise floor of the timing "
+                   "metrics with fewer than 3 runs a side (default 0.10)")
+    p.add_argument("--confidence", type=float, help="of the intervals (default 0.99)")
+    p.add_argument("--runs-dir", type=Path, help="where runs are (default: $GLMPERF_RUNS or ./runs)")
+
+
+def _load(path: Path) -> RunData:
+    run = load_run(path)
+    if run.problems:
+        raise store.StoreError(f"run {run.id} is corrupt: {'; '.join(run.problems)}")
+    if run.status != "completed":
+        raise store.StoreError(f"run {run.id} is {run.status}, not completed: compare needs finished runs")
+    return run
+
+
+def load_side(refs: list[str], runs_dir: Path) -> list[RunData]:
+    """The runs a side names, a directory of runs expanded to all of them."""
+    out = []
+    for ref in refs:
+        path = store.resolve_run(ref, runs_dir)
+        try:
+            out.append(_load(path))
+        except store.StoreError:
+            listed = store.list_runs(path)  # a directory of runs (a run's own directory has none inside)
+            if not listed:
+                raise
+            out += [_load(Path(r["path"])) for r in reversed(listed)]
+    return out
+
+
+def _gate(args: argparse.Namespace) -> Gate:
+    data = None
+    if args.gate is not None:
+        try:
+            data = yaml.safe_load(args.gate.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise GateError(f"gate file {args.gate}: {exc.strerror or exc}") from None
+        except yaml.YAMLError as exc:
+            raise GateError(f"gate file {args.gate} is not valid YAML: {' '.join(str(exc).split())}") from None
+    return make_gate(data, source=f"gate file {args.gate}", metrics=args.metric, run_noise=args.run_noise,
+                     confidence=args.confidence)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `glmperf compare` with parsed arguments; returns the exit code."""
+    try:
+        if args.vs is None and len(args.runs) != 2:
+            raise GateError("compare takes BASE CAND, or BASE... --vs CAND...")
+        base_refs, cand_refs = (args.runs[:1], args.runs[1:]) if args.vs is None else (args.runs, args.vs)
+        gate = _gate(args)
+        runs_dir = store.default_runs_dir(args.runs_dir)
+        result = compare(load_side(base_refs, runs_dir), load_side(cand_refs, runs_dir), gate)
+        rendered = RENDER[args.format](result)
+        if args.output is not None:
+            try:
+                args.output.parent.mkdir(parents=True, exist_ok=True)
+                args.output.write_text(rendered, encoding="utf-8")
+            except OSError as exc:
+                raise GateError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+            rendered = to_text(result)
+    except (GateError, store.StoreError) as exc:
+        print(f"glmperf: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    sys.stdout.write(rendered)
+    return EXIT_REGRESSED if result.failures else EXIT_OK
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """`glmperf compare ...` on its own: argv without the word `compare`."""
+    parser = argparse.ArgumentParser(prog="glmperf")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return main(parser.parse_args(["compare", *(sys.argv[1:] if argv is None else argv)]))
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
