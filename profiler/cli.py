@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizers.config import ConfigError
-from profiler import console, store
+from profiler import compare_cli, console, store
 from profiler.config import load_config, shipped_presets
 
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT = 0, 1, 2
@@ -206,6 +206,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--top", type=int, help="only the K best recommendations")
             p.add_argument("--allow-model-changes", action="store_true",
                            help="also list changes that alter the model (pruning, sharing, linear attention)")
+    compare_cli.add_parser(sub)
     init = sub.add_parser("init-run", help="validate a config and create a run for ranks started elsewhere "
                           "(torchrun on several nodes, Slurm); prints the run directory")
     init.add_argument("--config", type=Path)
@@ -224,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             return _init_run(args)
         if args.command == "runs":
             return _runs(args, runs_dir)
+        if args.command == "compare":
+            return compare_cli.main(args)
         if getattr(args, "top", None) is not None and args.top < 1:
             raise BadInput(f"--top: got {args.top}; allowed: an integer >= 1")
         return RUN_COMMANDS[args.command][1](args, store.resolve_run(args.run, runs_dir))

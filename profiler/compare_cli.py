@@ -112,13 +112,3 @@ def main(args: argparse.Namespace) -> int:
     sys.stdout.write(rendered)
     return EXIT_REGRESSED if result.failures else EXIT_OK
 
-
-def cli(argv: list[str] | None = None) -> int:
-    """`glmperf compare ...` on its own: argv without the word `compare`."""
-    parser = argparse.ArgumentParser(prog="glmperf")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    return main(parser.parse_args(["compare", *(sys.argv[1:] if argv is None else argv)]))
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

@@ -21,8 +21,8 @@ profile() {  # profile SIDE NAME [--set ...]: one tiny run into $work/SIDE
   "$PY" -m profiler.cli --preset tiny --steps "$STEPS" --no-progress --runs-dir "$work/$side" --name "$name" \
     "$@" > /dev/null
 }
-compare() {  # glmperf compare, before and after it is a glmperf subcommand
-  "$PY" -c "import sys; from profiler.compare_cli import cli; sys.exit(cli())" "$@"
+compare() {  # glmperf compare, as a user runs it
+  "$PY" -c "import sys; from profiler.cli import main; sys.exit(main())" compare "$@"
 }
 
 for i in $(seq "$REPEATS"); do

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.compare_cli import cli
+from profiler.cli import main
 from tests.conftest import ROOT, TINY, copy_run
 from tests.conftest import cli as profile_run_cli
 
@@ -31,8 +31,8 @@ def tiny_run(runs_dir: Path, *overrides: str) -> Path:
 
 def compare(*args: str) -> subprocess.CompletedProcess:
     """`glmperf compare` in its own process, as CI runs it."""
-    return subprocess.run([sys.executable, "-c", "import sys; from profiler.compare_cli import cli; sys.exit(cli())",
-                           *args], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    return subprocess.run([sys.executable, "-c", "import sys; from profiler.cli import main; sys.exit(main())",
+                           "compare", *args], cwd=ROOT, capture_output=True, text=True, timeout=240)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_an_input_slowdown_fails_and_names_data_wait(base: Path, slow: Path) -> 
 
 
 def test_json_names_the_phase_and_the_failures(base: Path, slow: Path, capsys: pytest.CaptureFixture) -> None:
-    assert cli([str(base), str(slow), "--format", "json"]) == 1
+    assert main(["compare", str(base), str(slow), "--format", "json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["verdict"] == "regressed" and not data["passed"]
     assert {"step_time_p50", "tokens_per_s"} <= set(data["failures"])
@@ -89,7 +89,7 @@ def test_json_names_the_phase_and_the_failures(base: Path, slow: Path, capsys: p
 def test_junit_parses_with_a_failure_per_regressed_gate(base: Path, slow: Path, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "reports" / "compare.xml"
-    assert cli([str(base), str(slow), "--format", "junit", "--output", str(out)]) == 1
+    assert main(["compare", str(base), str(slow), "--format", "junit", "--output", str(out)]) == 1
     assert capsys.readouterr().out.startswith("glmperf compare: baseline 1 run")  # the text still on stdout
     suite = ET.parse(out).getroot().find("testsuite")
     cases = {c.get("name"): c for c in suite.iter("testcase")}
@@ -100,7 +100,7 @@ def test_junit_parses_with_a_failure_per_regressed_gate(base: Path, slow: Path, 
 
 
 def test_markdown_is_a_table_for_a_pull_request(base: Path, again: Path, capsys: pytest.CaptureFixture) -> None:
-    assert cli([str(base), str(again), "--format", "markdown"]) == 0
+    assert main(["compare", str(base), str(again), "--format", "markdown"]) == 0
     md = capsys.readouterr().out
     assert md.startswith("### glmperf compare: PASS")
     table = [line for line in md.splitlines() if line.startswith("| time/step p50 |")]
@@ -111,7 +111,7 @@ def test_a_gate_file_sets_the_thresholds(base: Path, slow: Path, tmp_path: Path,
                                          capsys: pytest.CaptureFixture) -> None:
     gate = tmp_path / "gate.yaml"
     gate.write_text("metrics:\n  peak_memory: +50%\nreport: {}\nconfidence: 0.95\n")
-    assert cli([str(base), str(slow), "--gate", str(gate)]) == 0  # step time is not gated here
+    assert main(["compare", str(base), str(slow), "--gate", str(gate)]) == 0  # step time is not gated here
     out = capsys.readouterr().out
     assert "95% interval" in out and "memory/peak" in out and "time/step p50" not in out
 
@@ -120,7 +120,7 @@ def test_runs_by_name_and_a_directory_of_runs(runs_dir: Path, base: Path, again:
                                               capsys: pytest.CaptureFixture) -> None:
     for run in (base, again):
         copy_run(run, tmp_path)
-    assert cli(["base", "--vs", str(tmp_path), "--runs-dir", str(runs_dir), "--format", "json"]) == 0
+    assert main(["compare", "base", "--vs", str(tmp_path), "--runs-dir", str(runs_dir), "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["base"] == [base.name] and sorted(data["cand"]) == sorted([base.name, again.name])
 
@@ -146,7 +146,7 @@ def test_bad_input_is_one_line_and_exit_2(base: Path, tmp_path: Path) -> None:
 
 
 def test_an_unfinished_run_is_refused(base: Path, failed_run: Path, capsys: pytest.CaptureFixture) -> None:
-    assert cli([str(base), str(failed_run)]) == 2
+    assert main(["compare", str(base), str(failed_run)]) == 2
     assert "is failed, not completed" in capsys.readouterr().err
 
 
@@ -154,7 +154,7 @@ def test_an_unfinished_run_is_refused(base: Path, failed_run: Path, capsys: pyte
 def test_a_gated_loss_drift_fails_as_a_numerics_change(runs_dir: Path, base: Path,
                                                        capsys: pytest.CaptureFixture) -> None:
     other_lr = tiny_run(runs_dir, STEPS, "train.lr=0.01", "name=other-lr")
-    assert cli([str(base), str(other_lr), "--metric", "loss_parity:0.1%", "--metric", "step_time_p50:+500%",
+    assert main(["compare", str(base), str(other_lr), "--metric", "loss_parity:0.1%", "--metric", "step_time_p50:+500%",
                 "--metric", "tokens_per_s:-80%", "--metric", "peak_memory:+50%"]) == 1
     out = capsys.readouterr().out
     assert "FAIL: loss_parity: the loss curves drift" in out and "loss parity: drift" in out
@@ -166,7 +166,7 @@ def test_repeats_make_runs_the_unit(runs_dir: Path, base: Path, again: Path, slo
     """Three interleaved runs a side: the runs, not the steps, are what the test and the spread count."""
     third = tiny_run(runs_dir, STEPS, "name=third")
     slower = [slow, *(tiny_run(runs_dir, STEPS, "data.io_delay_ms=40", f"name=slow{i}") for i in (2, 3))]
-    assert cli([str(base), str(again), str(third), "--vs", *map(str, slower), "--format", "json"]) == 1
+    assert main(["compare", str(base), str(again), str(third), "--vs", *map(str, slower), "--format", "json"]) == 1
     p50 = next(m for m in json.loads(capsys.readouterr().out)["metrics"] if m["name"] == "step_time_p50")
     assert p50["estimate"]["unit"] == "runs" and p50["estimate"]["runs"] == [3, 3]
     assert p50["estimate"]["verdict"] == "regressed"
