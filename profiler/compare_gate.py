@@ -28,7 +28,6 @@ COMPARABLE: tuple[str, ...] = (*(m.name for m in METRICS if m.per_step is not No
 DEFAULT_GATED: Mapping[str, float] = {"step_time_p50": 0.05, "tokens_per_s": 0.05, "peak_memory": 0.10}
 DEFAULT_REPORTED: Mapping[str, float] = {"step_time_p90": 0.10, "mfu": 0.05, "data_share": 0.10,
                                          "comm_share": 0.10, LOSS_PARITY: 0.01}
-QUANTILE: Mapping[str, float] = {"step_time_p90": 0.90, "step_time_p99": 0.99, "peak_memory": 1.0}
 """The statistic of a run's steps that is its figure (default: the median)."""
 _PERCENT = re.compile(r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)%$")
 _OPTION_KEYS = tuple(f.name for f in fields(Options))

@@ -24,11 +24,10 @@ import pandas as pd
 from profiler.analysis import RunData, operators, summary_of
 from profiler.analysis.steps import merge_ranks, steady_steps
 from profiler.compare import Estimate, Options, Parity, compare_series, discount_contention, loss_parity
-from profiler.compare_gate import DEFAULT_REPORTED, LOSS_PARITY, QUANTILE, Gate, Threshold
+from profiler.compare_gate import DEFAULT_REPORTED, LOSS_PARITY, Gate, Threshold
 from profiler.metrics import METRIC_BY_NAME, PHASES
 
 TOP_OPS = 5
-NOT_SPEEDS = ("peak_memory", "loss_last")
 """Metrics the machine's speed and other processes cannot move (the rest are speeds)."""
 SATURATED = 0.95
 """Machine CPU use from which other processes' use counts as contention (below it, CPU sat idle)."""
@@ -263,10 +262,10 @@ def compare(base: Sequence[RunData], cand: Sequence[RunData], gate: Gate) -> Com
         series = [[m.per_step(s.steady, summary).to_numpy() for s, summary in zip(st, sm, strict=True)]
                   for st, sm in zip(steps, summaries, strict=True)]
         estimate = compare_series(series[0], series[1], better=m.better, limit=threshold.limit,
-                                  quantile=QUANTILE.get(m.name, 0.5), floor=gate.options.noise_floor(m.name),
-                                  options=gate.options, unit=m.unit, speed=m.name not in NOT_SPEEDS,
+                                  quantile=m.statistic, floor=gate.options.noise_floor(m.name),
+                                  options=gate.options, unit=m.unit, speed=m.speed,
                                   names=(names[0], names[1]))
-        if m.name not in NOT_SPEEDS:
+        if m.speed:
             estimate = discount_contention(estimate, base=busy[0], cand=busy[1], limit=gate.options.max_contention)
         metrics.append(MetricComparison(m.name, m.label, m.unit, m.better, threshold, estimate))
     parity_threshold = gate.threshold(LOSS_PARITY) or Threshold(LOSS_PARITY, DEFAULT_REPORTED[LOSS_PARITY], False)

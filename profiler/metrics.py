@@ -74,6 +74,10 @@ class Metric:
     """One value per counted step, from the merged steady steps and the summary (None: a run-level
     figure only)."""
     digits: int = 1
+    statistic: float = 0.5
+    """The quantile of the per-step values a run's figure is (p90: 0.9; peak memory: 1.0, the max)."""
+    speed: bool = True
+    """Whether it measures speed (machine contention blurs it); memory and loss do not."""
 
     def value(self, summary: Mapping[str, Any]) -> float:
         raw = lookup(summary, self.summary_key)
@@ -101,20 +105,20 @@ METRICS: tuple[Metric, ...] = (
     Metric("step_time_p50", "time/step p50", "ms", "lower", "median step time of the slowest rank",
            "step_time_s.p50", 1e3, _column("step_s", 1e3)),
     Metric("step_time_p90", "time/step p90", "ms", "lower", "90th percentile step time", "step_time_s.p90", 1e3,
-           _column("step_s", 1e3)),
+           _column("step_s", 1e3), statistic=0.9),
     Metric("step_time_p99", "time/step p99", "ms", "lower", "99th percentile step time", "step_time_s.p99", 1e3,
-           _column("step_s", 1e3)),
+           _column("step_s", 1e3), statistic=0.99),
     Metric("tokens_per_s", "throughput", "tokens/s", "higher",
            "tokens of all ranks / time of the counted steps", "tokens_per_s", 1.0, _tokens_per_s, 0),
     Metric("mfu", "mfu", "%", "higher", "model FLOP/s over the devices' peak (PaLM appendix B)", "mfu", 100.0,
            _mfu_pct, 2),
     Metric("peak_memory", "memory/peak", "GiB", "lower",
            "CUDA max allocated, or on CPU the process RSS high-water mark", "peak_memory_bytes", 2**-30,
-           _column("peak_memory_bytes", 2**-30), 2),
+           _column("peak_memory_bytes", 2**-30), 2, statistic=1.0, speed=False),
     *(Metric(f"{p.name}_share", f"time/{p.name}", "%", "lower", f"share of the step: {p.description}",
              f"phase_share.{p.name}", 100.0, _share_pct(p)) for p in PHASES),
     Metric("loss_last", "loss/last", "", "lower", "loss of the last step (mean over ranks)", "loss_last", 1.0,
-           _column("loss"), 4),
+           _column("loss"), 4, speed=False),
     Metric("comm_bytes_per_step", "comm/bytes per step", "MiB", "lower", "payload of the step's collectives",
            "comm.bytes_per_step", 2**-20, None, 2),
     Metric("comm_overlap", "comm/overlapped", "%", "higher", "share of collective time hidden behind backward",
