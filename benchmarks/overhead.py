@@ -2,7 +2,7 @@
 
     python -m benchmarks.overhead [--quick]
 
-1. Default instruments (step timer + 10 Hz sampler, trace window off), two ways. Accounted: the
+1. Default instruments (step timer + sampler at profile.sample_hz, trace window off), two ways. Accounted: the
    time the training thread spends inside the instruments' hooks plus the CPU time of their
    threads (sampler, store flusher), over the training wall time; precise, and on 2 busy cores
    every background CPU second is a second taken from training. A/B: the same run with
@@ -30,12 +30,14 @@ import psutil
 
 from benchmarks.common import fmt, header, median, paired_ratio, table, write_result
 from profiler import store
-from profiler.config import load_config
+from profiler.config import ProfileConfig, load_config
 from profiler.instruments import CpuBackend, Sampler, StepTimer
 from profiler.run import profile_run
 from reference_model.trainer import Trainer, TrainerHook, TrainStart
 
 ROOT = Path(__file__).resolve().parents[1]
+HZ = ProfileConfig().sample_hz
+"""The default sampling rate: what a user's run pays."""
 
 
 class IterationClock(TrainerHook):
@@ -105,7 +107,7 @@ def accounted(preset: str, steps: int, runs_dir: Path) -> list[object]:
     runs_dir.mkdir(parents=True, exist_ok=True)
     writer = store.RunWriter(store.create_run(runs_dir, "accounted", {}), flush_interval_s=2.0)
     timer = Timed(StepTimer(writer))
-    sampler = Timed(Sampler(writer, CpuBackend(), hz=10.0, current_step=lambda: timer.inner.current_step))
+    sampler = Timed(Sampler(writer, CpuBackend(), hz=HZ, current_step=lambda: timer.inner.current_step))
     clock, threads = IterationClock(), ThreadCpu()
     Trainer(model_cfg=cfg.model, data_cfg=cfg.data, train_cfg=cfg.train, switches=cfg.switches,
             hooks=[clock, threads, timer, sampler]).fit()
@@ -131,7 +133,7 @@ def one_run(runs_dir: Path, preset: str, steps: int, overrides: list[str]) -> tu
 VARIANTS = {
     "off": ["profile.instruments=false"],
     "default": ["profile.trace=false"],
-    "window": ["profile.trace=true", "profile.trace_window=[3, 1, 3]", "profile.sample_hz=10"],
+    "window": ["profile.trace=true", "profile.trace_window=[3, 1, 3]"],
 }
 
 
@@ -181,7 +183,7 @@ def main() -> None:
     out = [header("Measurement overhead" + (" (quick, noisy)" if args.quick else ""))]
     with tempfile.TemporaryDirectory() as tmp:
         acc = [accounted(p, steps * 10 if p == "tiny" else steps * 2, Path(tmp) / "acc") for p in ("tiny", "small")]
-        out.append("\nAccounted cost of the default instruments (step timer + 10 Hz CPU sampler + store):\n\n")
+        out.append(f"\nAccounted cost of the default instruments (step timer + {HZ:g} Hz CPU sampler + store):\n\n")
         out.append(table(["preset", "steps", "ms/step", "hook time per step (us)", "background threads (% of wall)",
                           "overhead (% of wall)"], acc))
         rows = []
@@ -189,7 +191,7 @@ def main() -> None:
             rows += overhead(preset, steps if preset == "tiny" else steps // 2, pairs, Path(tmp) / preset)
         out.append(f"\n{pairs} interleaved rounds of {steps} steps (small: {steps // 2}); figure = median of the "
                    "per-round ratio of median loop-iteration times, [quartiles]. `off`: "
-                   "profile.instruments=false. `default`: step timer + 10 Hz sampler, no trace. `window`: + "
+                   f"profile.instruments=false. `default`: step timer + {HZ:g} Hz sampler, no trace. `window`: + "
                    "torch.profiler on 3 steps (wait 3, warmup 1). `every step`: torch.profiler active on every "
                    "step. Trace processing (export + operator table, after training) is its own column.\n\n")
         out.append(table(["preset", "instruments", "off (ms/step)", "on (ms/step)", "overhead vs off",

@@ -48,22 +48,13 @@ class MetricComparison:
 
 
 @dataclass(frozen=True)
-class PhaseChange:
-    name: str
-    description: str
-    base_ms: float
-    cand_ms: float
+class TimeChange:
+    """A phase's or an operator's time per step on each side (ms)."""
 
-    @property
-    def change_ms(self) -> float:
-        return self.cand_ms - self.base_ms
-
-
-@dataclass(frozen=True)
-class OpChange:
     name: str
     base_ms: float
     cand_ms: float
+    description: str = ""
 
     @property
     def change_ms(self) -> float:
@@ -86,8 +77,8 @@ class Comparison:
     metrics: tuple[MetricComparison, ...]
     parity: Parity
     parity_threshold: Threshold
-    phases: tuple[PhaseChange, ...]
-    ops: tuple[OpChange, ...]
+    phases: tuple[TimeChange, ...]
+    ops: tuple[TimeChange, ...]
     ops_time: str
     """What `ops` compares ("self device time", "self CPU time"), or why there are none."""
     differences: tuple[Difference, ...]
@@ -183,12 +174,12 @@ def _side_contention(runs: Sequence[RunData], steps: Sequence[Steps]) -> float |
     return max(found) if found else None
 
 
-def _phases(base: Sequence[pd.DataFrame], cand: Sequence[pd.DataFrame]) -> tuple[PhaseChange, ...]:
+def _phases(base: Sequence[pd.DataFrame], cand: Sequence[pd.DataFrame]) -> tuple[TimeChange, ...]:
     def side(frames: Sequence[pd.DataFrame], column: str) -> float:
         means = [1e3 * float(f[column].mean()) for f in frames if column in f and len(f)]
         return float(pd.Series(means).median()) if means else 0.0
 
-    out = [PhaseChange(p.name, p.description, side(base, p.column), side(cand, p.column)) for p in PHASES]
+    out = [TimeChange(p.name, side(base, p.column), side(cand, p.column), p.description) for p in PHASES]
     return tuple(sorted(out, key=lambda c: -abs(c.change_ms)))
 
 
@@ -197,7 +188,7 @@ def _op_times(run: RunData) -> pd.Series:
     return operators.per_step(run).groupby("name")["time_s"].sum() * 1e3
 
 
-def _ops(base: Sequence[RunData], cand: Sequence[RunData]) -> tuple[tuple[OpChange, ...], str]:
+def _ops(base: Sequence[RunData], cand: Sequence[RunData]) -> tuple[tuple[TimeChange, ...], str]:
     if any(r.ops.empty for side in (base, cand) for r in side):
         return (), "no operator table on a side (profile.trace off, or no step in its window)"
     on_cuda = all(str(r.record.get("environment", {}).get("device", "cpu")).startswith("cuda")
@@ -206,7 +197,7 @@ def _ops(base: Sequence[RunData], cand: Sequence[RunData]) -> tuple[tuple[OpChan
     b, c = (pd.concat([_op_times(r) for r in side], axis=1).fillna(0.0).median(axis=1) for side in (base, cand))
     both = pd.concat([b.rename("b"), c.rename("c")], axis=1).fillna(0.0)
     both = both.loc[(both["c"] - both["b"]).abs().sort_values(ascending=False).index[:TOP_OPS]]
-    return tuple(OpChange(str(n), float(r.b), float(r.c)) for n, r in both.iterrows()), label
+    return tuple(TimeChange(str(n), float(r.b), float(r.c)) for n, r in both.iterrows()), label
 
 
 def _loss_curve(merged: Sequence[pd.DataFrame]) -> pd.Series:
