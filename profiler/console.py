@@ -108,8 +108,22 @@ def print_diagnosis(run_id: str, advice: Mapping[str, Any], out: TextIO, *, evid
         print(f"  skipped {s['rule']}: {s['reason']}", file=out)
 
 
-def _range(r: Mapping[str, Any], sign: str = "+") -> str:
-    return f"{r['low']:{sign}.0f}% to {r['high']:{sign}.0f}%"
+def _range(r: Mapping[str, Any]) -> str:
+    if round(r["low"]) == round(r["high"]):
+        return f"{r['low']:+.0f}%"
+    return f"{r['low']:+.0f}% to {r['high']:+.0f}%"
+
+
+def expected_text(rec: Mapping[str, Any]) -> str:
+    """A recommendation's expected effect for people: throughput and memory ranges with their basis,
+    or, for a remedy of instability, what it prevents."""
+    exp = rec["expected"]
+    if rec.get("judged_by") == "stability":
+        return f"steadier training, not a speed change  [{exp['basis']}]"
+    gains = [f"tokens/s {_range(exp['tokens_per_s'])}"]
+    if "peak_memory" in exp:
+        gains.append(f"peak memory {_range(exp['peak_memory'])}")
+    return f"{', '.join(gains)}  [{exp['basis']}]"
 
 
 def print_recommendations(run_id: str, advice: Mapping[str, Any], out: TextIO) -> None:
@@ -120,12 +134,8 @@ def print_recommendations(run_id: str, advice: Mapping[str, Any], out: TextIO) -
               "here and can run on this device", file=out)
     for i, r in enumerate(recs, 1):
         settings = " ".join(f"{k}={v}" for k, v in r["set"].items())
-        exp = r["expected"]
-        gains = [f"tokens/s {_range(exp['tokens_per_s'])}"]
-        if "peak_memory" in exp:
-            gains.append(f"peak memory {_range(exp['peak_memory'])}")
         print(f"  {i}. {settings}  (for {r['for']}; risk: {r['risk']})", file=out)
-        print(f"     expected: {', '.join(gains)}  [{exp['basis']}]", file=out)
+        print(f"     expected: {expected_text(r)}", file=out)
         for note in r["notes"]:
             print(f"     note: {note}", file=out)
         print(f"     try: {r['command']}", file=out)
@@ -142,5 +152,4 @@ def print_advice_head(run_id: str, advice: Mapping[str, Any], out: TextIO) -> No
     if advice.get("recommendations"):
         top = advice["recommendations"][0]
         print(f"try:       {top['command']}", file=out)
-        print(f"           expected tokens/s {_range(top['expected']['tokens_per_s'])} "
-              f"(all: glmperf recommend {run_id})", file=out)
+        print(f"           expected: {expected_text(top)} (all: glmperf recommend {run_id})", file=out)

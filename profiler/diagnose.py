@@ -144,8 +144,9 @@ RULES: tuple[Rule, ...] = (
          lambda f: v(f, "data_wait") / 100 if v(f, "data_wait") > INPUT_SHARE else 0.0,
          lambda f: f"steps wait {v(f, 'data_wait_ms'):.1f} ms for data: {v(f, 'data_wait'):.1f}% of the step"),
     Rule(Bottleneck.HOST_BOUND, f"CPU: >= {TINY_OPS:g}% of operator time in calls under 10 us; CUDA: the GPU "
-         f"runs kernels < {DEVICE_BUSY:g}% of the step", ("op_calls_per_step", "share.forward", "share.backward"),
-         _host_bound, _host_message),
+         f"runs kernels < {DEVICE_BUSY:g}% of the step",
+         ("tiny_op_share", "op_calls_per_step", "share.forward", "share.backward"), _host_bound, _host_message,
+         also=("device_busy", "data_wait")),
     Rule(Bottleneck.COMM_BOUND, f"exposed communication > {COMM_SHARE:g}% of the step", ("comm_exposed",),
          lambda f: v(f, "comm_exposed") / 100 if v(f, "comm_exposed") > COMM_SHARE else 0.0,
          lambda f: f"{v(f, 'comm_exposed'):.1f}% of the step waits on all-reduce "
@@ -161,7 +162,7 @@ RULES: tuple[Rule, ...] = (
                    "of the step"),
     Rule(Bottleneck.LOW_PRECISION_UNUSED, f"fp32 matmuls on a device whose bf16 matmul peak is >= "
          f"{LOW_PRECISION_SPEEDUP:g}x its fp32 one, with matmuls >= {MATMUL_SHARE:g}% of operator time",
-         ("run_dtype_speedup", "native_bf16", "bf16_speedup", "matmul_share", "share.forward", "share.backward"),
+         ("bf16_speedup", "matmul_share", "run_dtype_speedup", "native_bf16", "share.forward", "share.backward"),
          lambda f: _low_precision_gain(f) if v(f, "bf16_speedup") >= LOW_PRECISION_SPEEDUP
          and v(f, "matmul_share") >= MATMUL_SHARE else 0.0,
          lambda f: f"matmuls ({v(f, 'matmul_share'):.0f}% of operator time) run in fp32 while this device's bf16 "

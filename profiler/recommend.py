@@ -86,6 +86,10 @@ def _fraction(effect: Effect, figures: Figures) -> tuple[float, float]:
     return effect.fraction({})
 
 
+def _percent(low: float, high: float) -> str:
+    return f"{100 * low:.0f}%" if round(100 * low) == round(100 * high) else f"{100 * low:.0f}-{100 * high:.0f}%"
+
+
 def expected(candidate: Candidate, figures: Figures) -> dict[str, Any]:
     """The expected change of throughput (and of peak memory) from the candidate's effects."""
     removed_low = removed_high = 0.0
@@ -102,11 +106,10 @@ def expected(candidate: Candidate, figures: Figures) -> dict[str, Any]:
                 continue
             a, b = sign * share * low, sign * share * high
             removed_low, removed_high = removed_low + min(a, b), removed_high + max(a, b)
-            basis.append(f"{effect.target} {100 * share:.0f}% of the step, {effect.change} by "
-                         f"{100 * low:.0f}-{100 * high:.0f}%")
+            basis.append(f"{effect.target} {100 * share:.0f}% of the step, {effect.change} by {_percent(low, high)}")
         elif effect.target == "peak_memory" and known(figures, "peak_memory"):
-            memory = (-sign * high, -sign * low)
-            basis.append(f"peak memory {effect.change} by {100 * low:.0f}-{100 * high:.0f}%")
+            memory = (min(-sign * low, -sign * high), max(-sign * low, -sign * high))
+            basis.append(f"peak memory {effect.change} by {_percent(low, high)}")
     out: dict[str, Any] = {"tokens_per_s": {"low": 100 * (1 / (1 - removed_low) - 1),
                                             "high": 100 * (1 / (1 - removed_high) - 1), "unit": "%"}}
     if memory is not None:
@@ -115,6 +118,11 @@ def expected(candidate: Candidate, figures: Figures) -> dict[str, Any]:
                               "from_gib": peak, "to_gib": [peak * (1 + memory[0]), peak * (1 + memory[1])]}
     out["basis"] = "Amdahl: " + "; ".join(basis) if basis else candidate.note
     return out
+
+
+def judged_by(kind: Bottleneck) -> str:
+    """What a remedy for `kind` is judged by: peak memory, steadier training, or throughput."""
+    return "stability" if kind in NO_SPEED_METRIC else "peak_memory" if kind in MEMORY_KINDS else "tokens_per_s"
 
 
 def _gain(kind: Bottleneck, exp: Mapping[str, Any]) -> float:
@@ -174,7 +182,8 @@ def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, a
             if soft:
                 notes.append("missing " + "; ".join(soft) + " (the gain may be smaller)")
             ranked.append({"switch": opt.name, "set": dict(settings), "addresses": [str(k) for k in kinds],
-                           "for": str(kind), "score": score, "expected": exp, "risk": candidate.risk,
+                           "for": str(kind), "judged_by": judged_by(kind), "score": score, "expected": exp,
+                           "risk": candidate.risk,
                            "notes": notes, "command": command(run, settings)})
     ranked.sort(key=lambda r: r["score"], reverse=True)
     return {"recommendations": ranked[:top] if top else ranked, "excluded": excluded}
