@@ -142,3 +142,16 @@ def test_the_docs_list_every_phase_and_metric() -> None:
     for m in METRICS:
         assert f"`{m.name}`" in text, m.name
     assert [c for c in PHASE_COLUMNS] == [f"{p.name}_s" for p in PHASES]
+
+
+def test_a_grad_norm_spike_is_an_outlier_and_early_trainings_fall_is_not(completed_run: Path) -> None:
+    import dataclasses
+
+    from profiler.analysis import stability
+
+    run = load_run(completed_run)
+    falling = [12.0, 8.6, 6.8, 5.2, 3.5, 2.6, 3.0, 2.6]  # a real run's first steps: no spike among them
+    steps = run.steps.assign(grad_norm=falling)
+    assert stability.analyze(dataclasses.replace(run, steps=steps), {})["grad_norm_outliers"].value == 0
+    spiked = steps.assign(grad_norm=[1.0] * 6 + [50.0, 1.0])
+    assert stability.analyze(dataclasses.replace(run, steps=spiked), {})["grad_norm_outliers"].value == 1

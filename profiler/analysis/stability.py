@@ -2,7 +2,8 @@
 and torch.compile recompiling during the run (events.jsonl, steps.parquet).
 
 Figures: `non_finite` (events), `skipped_steps`, `loss_spikes`, `loss_plateaus`,
-`grad_norm_outliers` (steps with a finite grad norm above 10x the run's median), `loss_change` (%
+`grad_norm_outliers` (steps whose grad norm is above 10x the median of the 20 steps before it: a
+spike, not the fast fall of early training), `loss_change` (%
 from the first to the last step), `recompiles` (frames compiled after the first step).
 """
 
@@ -16,6 +17,8 @@ from profiler.analysis.figures import Figure, Figures, num
 from profiler.analysis.loader import RunData
 
 OUTLIER_FACTOR = 10.0
+OUTLIER_WINDOW = 20
+"""Steps a grad norm is judged against (at least a quarter of them must precede it)."""
 
 
 def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
@@ -32,9 +35,10 @@ def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
     out["loss_change"] = Figure(100 * (last - first) / first if first else math.nan, "%",
                                 "summary.loss_first -> loss_last")
     if not run.steps.empty and "grad_norm" in run.steps:
-        norms = run.steps["grad_norm"]
-        finite = norms[norms.map(math.isfinite)]
-        median = float(finite.median()) if len(finite) else math.nan
-        out["grad_norm_outliers"] = Figure(float((finite > OUTLIER_FACTOR * median).sum()), "steps",
-                                           f"steps.parquet grad_norm > {OUTLIER_FACTOR:g}x its median")
+        norms = run.steps.groupby("step")["grad_norm"].max()
+        norms = norms[norms.map(math.isfinite)]
+        before = norms.rolling(OUTLIER_WINDOW, min_periods=OUTLIER_WINDOW // 4).median().shift(1)
+        out["grad_norm_outliers"] = Figure(float((norms > OUTLIER_FACTOR * before).sum()), "steps",
+                                           f"steps.parquet grad_norm > {OUTLIER_FACTOR:g}x the median of the "
+                                           f"{OUTLIER_WINDOW} steps before")
     return out
