@@ -104,11 +104,12 @@ def _attention(f: Figures) -> float:
 
 def _host_bound(f: Figures) -> float:
     """CUDA: the idle share of the step that waiting for data does not explain; CPU: the share of
-    forward and backward in operator calls under 10 us."""
+    forward, backward and optimizer in operator calls under 10 us."""
     if known(f, "device_busy"):
         idle = 1 - v(f, "device_busy") / 100 - v(f, "data_wait") / 100
         return max(0.0, idle) if v(f, "device_busy") < DEVICE_BUSY else 0.0
-    return v(f, "tiny_op_share") / 100 * compute_share(f) if v(f, "tiny_op_share") >= TINY_OPS else 0.0
+    op_share = compute_share(f) + v(f, "share.optimizer") / 100  # the phases whose operators were counted
+    return v(f, "tiny_op_share") / 100 * op_share if v(f, "tiny_op_share") >= TINY_OPS else 0.0
 
 
 def _host_message(f: Figures) -> str:
@@ -145,7 +146,8 @@ RULES: tuple[Rule, ...] = (
          lambda f: f"steps wait {v(f, 'data_wait_ms'):.1f} ms for data: {v(f, 'data_wait'):.1f}% of the step"),
     Rule(Bottleneck.HOST_BOUND, f"CPU: >= {TINY_OPS:g}% of operator time in calls under 10 us; CUDA: the GPU "
          f"runs kernels < {DEVICE_BUSY:g}% of the step",
-         ("tiny_op_share", "op_calls_per_step", "share.forward", "share.backward"), _host_bound, _host_message,
+         ("tiny_op_share", "op_calls_per_step", "share.forward", "share.backward", "share.optimizer"), _host_bound,
+         _host_message,
          also=("device_busy", "data_wait")),
     Rule(Bottleneck.COMM_BOUND, f"exposed communication > {COMM_SHARE:g}% of the step", ("comm_exposed",),
          lambda f: v(f, "comm_exposed") / 100 if v(f, "comm_exposed") > COMM_SHARE else 0.0,

@@ -150,7 +150,9 @@ def _outcome(world_size: int, statuses: dict[int, dict[str, Any]], launcher_erro
     failed = [r for r in range(world_size) if ended.get(r, {}).get("status") == "failed"]
     silent = [r for r in range(world_size) if r not in ended]
     if silent and launcher_error:  # a rank killed outright is the root cause; others fail after it
-        error = f"rank {silent[0]} failed: it died without reporting a status ({launcher_error})"
+        named = re.match(r"rank (\d+)", launcher_error)  # torchrun's report names the first failure
+        root = int(named.group(1)) if named and int(named.group(1)) in silent else silent[0]
+        error = f"rank {root} failed: it died without reporting a status ({launcher_error})"
         if failed:
             error += f"; then rank {failed[0]} failed: {ended[failed[0]].get('error')}"
         return "failed", error
