@@ -49,7 +49,7 @@ class Options:
     """The run-to-run noise floor per metric (see DEFAULT_RUN_NOISE), used with fewer than
     `min_runs` runs a side."""
     noise_per_spread: float = 0.5
-    """On a busy machine runs differ more: the floor is at least this times the largest robust
+    """On a busy machine runs differ more: the floor is at least this times the median robust
     spread (1.4826 MAD / median) of a compared run's steps."""
     min_steps: int = 10
     """Fewer steady steps in any run: inconclusive."""
@@ -231,8 +231,10 @@ def compare_series(base: Sequence[Sequence[float]], cand: Sequence[Sequence[floa
     sign = 1.0 if better == "lower" else -1.0
     d = math.log(c_fig / b_fig)
     var_within = _bootstrap_variance(b_runs, c_runs, quantile, options)
-    spread = max(robust_spread(x) for x in b_runs + c_runs)
-    shift = max(half_shift(x) for x in b_runs + c_runs) if speed else 0.0
+    # typical, not worst: one disturbed run must not widen every comparison (its own stability
+    # warnings name it)
+    spread = float(np.median([robust_spread(x) for x in b_runs + c_runs]))
+    shift = float(np.median([half_shift(x) for x in b_runs + c_runs])) if speed else 0.0
     sigma, source, df = _between(fb, fc, spread, shift, floor, options)
     var_between = sigma**2 * (1 / runs[0] + 1 / runs[1])
     level = (1 + options.confidence) / 2
