@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizers.config import ConfigError
-from profiler import compare_cli, console, store
+from profiler import compare_cli, console, plugins, store
 from profiler.config import load_config, shipped_presets
 
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT = 0, 1, 2
@@ -104,6 +104,9 @@ def profile_run_main(argv: list[str] | None = None) -> int:
     from profiler.run import profile_run
 
     run_dir = profile_run(cfg, runs_dir=args.runs_dir, nproc=args.nproc, progress=not args.no_progress)
+    for name, outcome in plugins.after_run(run_dir):
+        if not isinstance(outcome, Path):
+            print(f"{name}: {outcome}", file=sys.stderr)
     try:
         status = _show(run_dir, as_json=args.json)
     except (BadInput, store.StoreError) as exc:
@@ -207,6 +210,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--allow-model-changes", action="store_true",
                            help="also list changes that alter the model (pruning, sharing, linear attention)")
     compare_cli.add_parser(sub)
+    plugins.add_parsers(sub)
     init = sub.add_parser("init-run", help="validate a config and create a run for ranks started elsewhere "
                           "(torchrun on several nodes, Slurm); prints the run directory")
     init.add_argument("--config", type=Path)
@@ -227,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             return _runs(args, runs_dir)
         if args.command == "compare":
             return compare_cli.main(args)
+        if args.command in plugins.commands():
+            return plugins.commands()[args.command].main(args)
         if getattr(args, "top", None) is not None and args.top < 1:
             raise BadInput(f"--top: got {args.top}; allowed: an integer >= 1")
         return RUN_COMMANDS[args.command][1](args, store.resolve_run(args.run, runs_dir))
