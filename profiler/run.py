@@ -207,17 +207,19 @@ def shape_speedup(run: RunData) -> dict[str, float]:
     return {kind: matmul_speedup(device, work, MATMUL_DTYPES[kind]) for kind in kinds}
 
 
-def create_run_dir(cfg: RunConfig, *, runs_dir: Path | None, nproc: int, launcher: bool = True) -> Path:
+def create_run_dir(cfg: RunConfig, *, runs_dir: Path | None, nproc: int, launcher: bool = True,
+                   links: dict[str, Any] | None = None) -> Path:
     """The run directory with run.json (`running`, the resolved config, this machine's environment).
 
     With `launcher`, the peak MFU divides by is measured now, before any rank starts, so even a
     run killed midway has its MFU. `launcher=False` when ranks are started elsewhere (`glmperf
     init-run`): no process of ours watches the run, so liveness is judged by the ranks' heartbeats
-    alone, and the peak is measured at finalize.
+    alone, and the peak is measured at finalize. `links` are run.json fields that tie the run to
+    what it was made for (`verifies`, `sweep`, `tune`).
     """
     device = resolve_device(cfg.train.device)
     record: dict[str, Any] = {"config": cfg.to_dict(), "world_size": nproc,
-                              "environment": environment(device, world_size=nproc)}
+                              "environment": environment(device, world_size=nproc), **(links or {})}
     if launcher:
         record.update(peak=run_peak(device, cfg.switches.amp.dtype), matmul_peaks=matmul_peaks(device))
     else:
@@ -226,15 +228,16 @@ def create_run_dir(cfg: RunConfig, *, runs_dir: Path | None, nproc: int, launche
 
 
 def profile_run(cfg: RunConfig, *, runs_dir: Path | None = None, nproc: int = 1, progress: bool = True,
-                hooks: Sequence[TrainerHook] = ()) -> Path:
+                hooks: Sequence[TrainerHook] = (), links: dict[str, Any] | None = None) -> Path:
     """Run and measure `cfg`; returns the run directory (its run.json says how it ended).
 
     `hooks` are extra trainer hooks for a single-process run (your own callbacks). A failure of a
     rank is that rank's record; a failure of this process (the launcher) is the run's `error`.
+    `links` go into run.json as they are (create_run_dir).
     """
     if hooks and nproc > 1:
         raise ValueError("extra hooks run in-process; with nproc > 1 the ranks are separate processes")
-    run_dir = create_run_dir(cfg, runs_dir=runs_dir, nproc=nproc)
+    run_dir = create_run_dir(cfg, runs_dir=runs_dir, nproc=nproc, links=links)
     launcher_error = None
     try:
         if nproc == 1:
