@@ -175,14 +175,50 @@ def _diagnose(args: argparse.Namespace, run_dir: Path) -> int:
     return EXIT_OK
 
 
+def _verify_options(args: argparse.Namespace, run: Any) -> tuple[int, int]:
+    """--repeats and --steps, checked before any run starts."""
+    from profiler.compare import Options
+
+    steps = args.steps if args.steps is not None else int(run.config["train"]["steps"])
+    warmup = int(run.config["profile"]["warmup_steps"])
+    least = warmup + Options().min_steps
+    if args.repeats < 1:
+        raise BadInput(f"--repeats: got {args.repeats}; allowed: an integer >= 1")
+    if steps < least:
+        raise BadInput(f"--steps: got {steps}; allowed: at least {least} (the run's {warmup} warmup steps and "
+                       f"the {Options().min_steps} steady steps a comparison needs)")
+    return args.repeats, steps
+
+
 def _recommend(args: argparse.Namespace, run_dir: Path) -> int:
     run, advice = _advice(args, run_dir)
+    verification = (run.record.get("diagnosis") or {}).get("verification")
+    if args.verify:
+        from profiler.cells import PlanInterrupted
+        from profiler.verify import run_verification
+
+        repeats, steps = _verify_options(args, run)
+        if not args.json:
+            console.print_diagnosis(run.id, advice, sys.stdout, evidence=False)
+            console.print_recommendations(run.id, {**advice, "recommendations": advice["recommendations"][:args.top]},
+                                          sys.stdout)
+        try:
+            verification = run_verification(run, advice, top=args.top or 3, repeats=repeats, steps=steps,
+                                            runs_dir=store.default_runs_dir(args.runs_dir),
+                                            progress=not args.no_progress)
+        except PlanInterrupted:
+            verification = store.read_run(run.path)["diagnosis"]["verification"]
+            console.print_verification(run.id, verification, sys.stdout)
+            return 130
     if args.json:
-        print(json.dumps({k: advice[k] for k in ("verdict", "bottlenecks", "recommendations", "excluded")}, indent=2,
-                         default=str))
-    else:
+        keys = ("verdict", "bottlenecks", "recommendations", "excluded")
+        print(json.dumps({**{k: advice[k] for k in keys}, "verification": verification}, indent=2, default=str))
+        return EXIT_OK
+    if not args.verify:
         console.print_diagnosis(run.id, advice, sys.stdout, evidence=False)
         console.print_recommendations(run.id, advice, sys.stdout)
+    if verification:
+        console.print_verification(run.id, verification, sys.stdout)
     return EXIT_OK
 
 
@@ -209,6 +245,11 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--top", type=int, help="only the K best recommendations")
             p.add_argument("--allow-model-changes", action="store_true",
                            help="also list changes that alter the model (pruning, sharing, linear attention)")
+            p.add_argument("--verify", action="store_true", help="rerun the run's config and the top recommendations "
+                           "(--top, default 3) interleaved, and judge each by its measured gain")
+            p.add_argument("--repeats", type=int, default=3, help="with --verify: runs of each side (default 3)")
+            p.add_argument("--steps", type=int, help="with --verify: steps of each run (default: the run's own)")
+            p.add_argument("--no-progress", action="store_true", help="with --verify: no progress output")
     compare_cli.add_parser(sub)
     plugins.add_parsers(sub)
     init = sub.add_parser("init-run", help="validate a config and create a run for ranks started elsewhere "

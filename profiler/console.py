@@ -153,3 +153,43 @@ def print_advice_head(run_id: str, advice: Mapping[str, Any], out: TextIO) -> No
         top = advice["recommendations"][0]
         print(f"try:       {top['command']}", file=out)
         print(f"           expected: {expected_text(top)} (all: glmperf recommend {run_id})", file=out)
+
+
+def _measured(m: Mapping[str, Any]) -> str:
+    if m.get("metric") == "stability_events":
+        return f"stability events {sum(m['base'])} -> {sum(m['cand'])}"
+    label = {"tokens_per_s": "tokens/s", "peak_memory": "peak memory"}.get(m["metric"], m["metric"])
+    what = "reduction" if m["metric"] == "peak_memory" else "gain"
+    return (f"{label} {what} {m['change_pct']:+.1f}% [{m['low_pct']:+.1f}%, {m['high_pct']:+.1f}%] "
+            f"({m['confidence']:.0%} interval, {m['runs'][0]}+{m['runs'][1]} runs)")
+
+
+SHARE_MOVE = 5.0
+"""Points of the step a phase's share must move by to be named under a verification."""
+
+
+def _moved_shares(shares: Mapping[str, Mapping[str, float]]) -> str:
+    base, cand = shares.get("baseline", {}), shares.get("candidate", {})
+    moved = [f"{p} {base[p]:.0f}% -> {cand[p]:.0f}%" for p in base
+             if p in cand and abs(cand[p] - base[p]) >= SHARE_MOVE]
+    return ", ".join(moved)
+
+
+def print_verification(run_id: str, verification: Mapping[str, Any], out: TextIO) -> None:
+    """Each verified recommendation: verdict, measured gain with its interval next to the expected range."""
+    state = "" if verification.get("complete", True) else " (stopped before the end: partial)"
+    print(f"verification of run {run_id}: {verification['repeats']} repeat(s) of {verification['steps']} steps, "
+          f"interleaved with a fresh baseline{state}", file=out)
+    for r in verification["results"]:
+        settings = " ".join(f"{k}={v}" for k, v in r["set"].items())
+        print(f"  {r['verdict']:<16} {settings}", file=out)
+        if r.get("expected"):
+            print(f"     expected: {expected_text(r)}", file=out)
+        if r.get("measured"):
+            print(f"     measured: {_measured(r['measured'])}", file=out)
+            moved = _moved_shares(r["measured"].get("shares") or {})
+            if moved:
+                print(f"     step shares: {moved}", file=out)
+        print(f"     why: {r['reason']}", file=out)
+    for r in verification.get("refused", []):
+        print(f"  not run          {r['label']}: {r['reason']}", file=out)
