@@ -1,0 +1,101 @@
+"""`glmperf report`: self-contained HTML reports of a run, a comparison or a sweep.
+
+    glmperf report RUN [-o FILE]                  # default: RUN's directory/report.html
+    glmperf report --compare BASE CAND [-o FILE]  # or BASE... --vs CAND...; default: ./compare-<base>-vs-<cand>.html
+    glmperf report --sweep SWEEP [-o FILE]        # default: the sweep's directory/report.html
+
+Registered on the glmperf command line through the `glmperf.commands` entry point (profiler.plugins);
+profile-run calls `after_run` when a run ends, so every run directory gets its report.html. Exit 0
+with the path printed; 2 on bad input, in one line. plotly and jinja2 load only when a report is
+written, so `glmperf --help` stays quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from profiler import store
+
+EXIT_OK = 0
+REPORT_FILE = "report.html"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `report` on the glmperf command's subparsers."""
+    p = subparsers.add_parser(
+        "report", help="a self-contained HTML report of a run, a comparison or a sweep",
+        description="Write one HTML file that opens with no network: the verdict, then the figures, then the "
+                    "tables.",
+        epilog="examples: glmperf report RUN; glmperf report --compare BASE CAND -o cmp.html; "
+               "glmperf report --sweep SWEEP")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("run", nargs="?", help="run directory, run id or run name (the latest of that name)")
+    what.add_argument("--compare", nargs="+", metavar="BASE", help="baseline run(s); without --vs, exactly BASE "
+                      "CAND (a directory of runs stands for all of them)")
+    what.add_argument("--sweep", metavar="SWEEP", help="a sweep directory, its sweep.json, or a sweep id")
+    p.add_argument("--vs", nargs="+", metavar="CAND", help="candidate run(s) of --compare")
+    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="where to write the report")
+    p.add_argument("--runs-dir", type=Path, help="where runs are (default: $GLMPERF_RUNS or ./runs)")
+
+
+def write_run_report(run_dir: Path, output: Path | None = None) -> Path:
+    """Write the report of the run in `run_dir` (default: run_dir/report.html) and return its path."""
+    from profiler.analysis import load_run
+    from reports import html
+    from reports.report_run import run_report
+
+    run = load_run(run_dir)
+    if run.problems:
+        raise store.StoreError(f"run {run.id} is corrupt: {'; '.join(run.problems)}")
+    return html.write(output or run_dir / REPORT_FILE, run_report(run))
+
+
+def _compare(args: argparse.Namespace, runs_dir: Path) -> Path:
+    from profiler.compare_cli import load_side
+    from profiler.compare_gate import GateError, make_gate
+    from profiler.compare_runs import compare
+    from reports import html
+    from reports.report_compare import compare_report
+
+    if args.vs is None and len(args.compare) != 2:
+        raise store.StoreError("--compare takes BASE CAND, or BASE... --vs CAND...")
+    refs = (args.compare[:1], args.compare[1:]) if args.vs is None else (args.compare, args.vs)
+    base, cand = load_side(refs[0], runs_dir), load_side(refs[1], runs_dir)
+    try:
+        result = compare(base, cand, make_gate())
+    except GateError as exc:
+        raise store.StoreError(str(exc)) from None
+    output = args.output or Path(f"compare-{result.base[0]}-vs-{result.cand[0]}.html")
+    return html.write(output, compare_report(base, cand, result))
+
+
+def _sweep(args: argparse.Namespace, runs_dir: Path) -> Path:
+    from reports import html
+    from reports.report_sweep import read_sweep, resolve_sweep, sweep_report
+
+    path = resolve_sweep(args.sweep, runs_dir)
+    return html.write(args.output or path.parent / REPORT_FILE, sweep_report(read_sweep(path), path))
+
+
+def main(args: argparse.Namespace) -> int:
+    """Write the report the arguments ask for and print its path; bad input raises StoreError (exit 2)."""
+    runs_dir = store.default_runs_dir(args.runs_dir)
+    if args.vs is not None and args.compare is None:
+        raise store.StoreError("--vs goes with --compare")
+    try:
+        if args.compare is not None:
+            path = _compare(args, runs_dir)
+        elif args.sweep is not None:
+            path = _sweep(args, runs_dir)
+        else:
+            path = write_run_report(store.resolve_run(args.run, runs_dir), args.output)
+    except OSError as exc:
+        raise store.StoreError(f"cannot write {exc.filename or args.output}: {exc.strerror or exc}") from None
+    print(f"report: {path}")
+    return EXIT_OK
+
+
+def after_run(run_dir: Path) -> Path | None:
+    """profile-run's hook: the finished run's report.html."""
+    return write_run_report(run_dir)

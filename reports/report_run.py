@@ -1,0 +1,150 @@
+"""The report of one run: verdict first (what ran, the top bottleneck, the top recommendation with its
+command), then the figures, then the tables. Works for every run that can be read: a failed,
+interrupted, running or killed run's report says so and shows what was measured.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from optimizers.config import ConfigError
+from profiler import console
+from profiler.analysis import RunData, summary_of
+from profiler.compare_runs import flatten
+from profiler.config import load_config
+from profiler.metrics import lookup
+from reports import figures_advice, figures_machine, figures_run, html
+
+BANNERS = {
+    "failed": ("This run failed after {total} recorded step(s). The figures and tables show what was measured "
+               "before it stopped.", True),
+    "interrupted": ("This run was interrupted (SIGINT/SIGTERM) after {total} recorded step(s). The figures and "
+                    "tables show what was measured until then.", False),
+    "running": ("This run is still running: {total} step(s) flushed so far. Write the report again for the rest.",
+                False),
+    "incomplete": ("This run was killed: its process is gone after {total} flushed step(s). `glmperf finalize "
+                   "{id}` stores its summary.", True),
+}
+
+
+def diagnosis_of(run: RunData, summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's stored diagnosis (what profile-run printed), else one computed now, else none."""
+    stored = run.record.get("diagnosis")
+    if stored:
+        return dict(stored)
+    if not summary.get("steps_counted"):
+        return {}
+    from profiler.recommend import advise  # imports torch: only for runs stored without a diagnosis
+
+    return advise(run)
+
+
+def changed_from_preset(run: RunData) -> str:
+    """The config keys whose values differ from the run's preset, as `key=value` a user would type."""
+    preset = lookup(run.config, "model.preset")
+    try:
+        reference = json.loads(json.dumps(load_config(preset=preset, nproc=run.world_size).to_dict(), default=str))
+    except ConfigError as exc:
+        return f"not known ({exc})"
+    ref, ours = flatten(reference), flatten(run.config)
+    changed = [f"{k}={ours[k]}" for k in sorted(ours) if k != "name" and ref.get(k) != ours[k]]
+    return ", ".join(changed) or "nothing: the preset as shipped"
+
+
+def _what_ran(run: RunData, summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    env = run.record.get("environment") or {}
+    sampling = run.record.get("sampling") or {}
+    versions = f"torch {env.get('torch')}, CUDA {env.get('cuda') or 'none'}, Python {env.get('python')}"
+    return [
+        ("status", f"{run.status}: {summary.get('steps_counted', 0)} of {summary.get('steps_total', 0)} "
+                   "recorded steps counted"),
+        ("preset", str(lookup(run.config, "model.preset"))),
+        ("changed from the preset", changed_from_preset(run)),
+        ("device", f"{env.get('device_name')} ({env.get('device')}), {run.world_size} rank(s)"),
+        ("versions", versions),
+        ("sampling", f"{sampling.get('source')} at {sampling.get('hz')} Hz ({sampling.get('why') or 'NVML'})"),
+        ("switches applied", ", ".join(map(str, run.record.get("switches_applied") or [])) or "none (the defaults)"),
+    ]
+
+
+def _verified_text(result: Mapping[str, Any] | None) -> str:
+    if not result:
+        return "not verified"
+    m = result.get("measured") or {}
+    return (f"{result.get('verdict')}: {m.get('metric')} {m.get('change_pct', float('nan')):+.1f}% "
+            f"({m.get('low_pct', float('nan')):+.1f}% to {m.get('high_pct', float('nan')):+.1f}%); "
+            f"{result.get('reason', '')}")
+
+
+def _verdict(diagnosis: Mapping[str, Any], verification: Mapping[str, Any] | None) -> dict[str, Any]:
+    found = diagnosis.get("bottlenecks") or []
+    recs = diagnosis.get("recommendations") or []
+    top = recs[0] if recs else None
+    return {
+        "text": diagnosis.get("verdict") or "not diagnosed: the run has no counted step",
+        "bottleneck": {"kind": found[0]["kind"], "explains": f"{100 * found[0]['severity']:.0f}% of the step",
+                       "message": found[0]["message"]} if found else None,
+        "recommendation": {"settings": figures_advice.settings_text(top["set"]), "expected": console.expected_text(top),
+                           "command": top["command"],
+                           "verified": _verified_text(figures_advice.verified(top, verification))
+                           if verification else ""} if top else None,
+    }
+
+
+def _tables(run: RunData, diagnosis: Mapping[str, Any], verification: Mapping[str, Any] | None) -> dict[str, Any]:
+    evidence = [
+        "; ".join(f"{name} {console.fmt(f.get('value'), 2)} {f.get('unit', '')} [{f.get('source', '')}]"
+                  for name, f in (b.get("evidence") or {}).items()) for b in diagnosis.get("bottlenecks") or []]
+    return {
+        "bottlenecks": [[b["kind"], f"{100 * b['severity']:.0f}%", b["message"], f"{b['rule']}: {b['threshold']}", e]
+                        for b, e in zip(diagnosis.get("bottlenecks") or [], evidence, strict=True)],
+        "skipped": [[s["rule"], s["reason"]] for s in diagnosis.get("skipped") or []],
+        "recommendations": [[figures_advice.settings_text(r["set"]), r.get("for", ""), console.expected_text(r),
+                             _verified_text(figures_advice.verified(r, verification)), r.get("risk", ""),
+                             r["command"]] for r in diagnosis.get("recommendations") or []],
+        "verification": (f"Verified by rerunning: {verification.get('repeats')} repeat(s) of "
+                         f"{verification.get('steps')} steps against baseline run(s) "
+                         f"{', '.join(verification.get('baseline_runs') or [])}." if verification else ""),
+        "excluded": [[figures_advice.settings_text(e["set"]), e["reason"]] for e in diagnosis.get("excluded") or []],
+        "ranks": [[r.get("rank"), r.get("status"), r.get("host"), r.get("pid"), r.get("error") or ""]
+                  for r in run.ranks],
+        "environment": [(k, str(v)) for k, v in flatten(run.record.get("environment") or {}).items()],
+        "config": [(k, str(v)) for k, v in flatten(run.config).items()],
+    }
+
+
+def run_report(run: RunData) -> str:
+    """The HTML report of a stored run (any status a run can be read in)."""
+    summary = summary_of(run)
+    diagnosis = diagnosis_of(run, summary)
+    verification = (run.record.get("diagnosis") or {}).get("verification")
+    single = "a single process has no collectives" if run.world_size == 1 else "no collectives were measured"
+    shown, missing = html.sections([
+        ("Step-time breakdown", figures_run.step_breakdown(run, summary), "no counted step"),
+        ("Step time over the run", figures_run.step_times(run), "no step recorded"),
+        ("Throughput and MFU", figures_run.throughput(run, summary), "no step recorded"),
+        ("Memory over the run", figures_run.memory(run), "memory was not measured"),
+        ("Device samples", figures_machine.device_samples(run), "no sample during the steps"),
+        ("Data wait and reads", figures_machine.data_wait(run, summary), "no step recorded"),
+        ("Communication", figures_machine.communication(run, summary), single),
+        ("Top operators", figures_machine.top_operators(run), "no torch.profiler window (profile.trace=false, or "
+                                                              "the run stopped before it)"),
+        ("Loss and grad norm", figures_advice.stability(run), "no step recorded"),
+        ("Bottleneck evidence", figures_advice.bottlenecks(diagnosis), "no bottleneck found"),
+        ("Recommendations", figures_advice.recommendations(diagnosis.get("recommendations") or [], verification),
+         "no recommendation with a speed or memory gain"),
+    ])
+    banner = BANNERS.get(run.status)
+    return html.render(
+        "run.html", title=f"glmperf: run {run.id}", sections=shown, missing=missing,
+        run={"id": run.id, "name": run.record.get("name"), "status": run.status, "path": str(run.path),
+             "created": run.record.get("created"), "ended": run.record.get("ended"), "error": run.record.get("error")},
+        banner={"text": banner[0].format(total=summary.get("steps_total", 0), id=run.id), "bad": banner[1]}
+        if banner else None,
+        what_ran=_what_ran(run, summary), verdict=_verdict(diagnosis, verification),
+        summary_rows=console.summary_rows(run.record, summary, run.status), notes=summary.get("notes", []),
+        written=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        **_tables(run, diagnosis, verification))

@@ -1,0 +1,99 @@
+"""The report of a sweep (its record, `<runs_dir>/sweeps/<id>/sweep.json`): the fastest and smallest
+cells and the Pareto front first, then the ablation and Pareto figures, then the tables of cells,
+ablation, interactions and refused settings.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from profiler import store
+from reports import figures_sweep, html
+from reports.figures_advice import settings_text
+
+SWEEP_FILE = "sweep.json"
+BANNERS = {"running": "This sweep is still running: cells marked pending have no runs yet.",
+           "interrupted": "This sweep was interrupted: cells marked pending were never run."}
+
+
+def resolve_sweep(ref: str | Path, runs_dir: Path) -> Path:
+    """The sweep.json a reference names: a directory holding sweep.json, a path to it, or an id under
+    `<runs_dir>/sweeps/`; StoreError (one line) when there is none."""
+    path = Path(ref)
+    for candidate in (path / SWEEP_FILE, path, runs_dir / "sweeps" / str(ref) / SWEEP_FILE):
+        if candidate.is_file() and candidate.name == SWEEP_FILE:
+            return candidate
+    raise store.StoreError(f"no sweep {str(ref)!r}: neither a directory holding {SWEEP_FILE}, nor a path to one, "
+                           f"nor a sweep id under {runs_dir / 'sweeps'}")
+
+
+def read_sweep(path: Path) -> dict[str, Any]:
+    """The sweep record; StoreError naming the file and what is wrong with it."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise store.StoreError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise store.StoreError(f"{path} is not valid JSON (corrupt sweep record): {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list) or "id" not in data:
+        raise store.StoreError(f"{path} is not a sweep record (no id or cells)")
+    return data
+
+
+def _range(m: Mapping[str, Any] | None, spec: str) -> str:
+    if not m or not isinstance(m.get("median"), (int, float)):
+        return "n/a"
+    return f"{m['median']:{spec}} ({m['low']:{spec}} to {m['high']:{spec}})"
+
+
+def _cell_text(cell: Mapping[str, Any]) -> str:
+    return (f"cell {cell['index']} ({settings_text(cell.get('settings') or {}) or 'the reference'}): "
+            f"{_range(cell.get('tokens_per_s'), ',.0f')} tokens/s, {_range(cell.get('peak_memory_gib'), '.3f')} GiB")
+
+
+def _best(sweep: Mapping[str, Any]) -> dict[str, str]:
+    measured = [c for c in sweep["cells"] if figures_sweep.measured(c)]
+    if not measured:
+        return {"fastest": "no cell measured yet", "smallest": "no cell measured yet", "front": "none yet"}
+    by_index = {c["index"]: c for c in measured}
+    front = [by_index[i] for i in sweep.get("pareto") or [] if i in by_index]
+    return {"fastest": _cell_text(max(measured, key=lambda c: c["tokens_per_s"]["median"])),
+            "smallest": _cell_text(min(measured, key=lambda c: c["peak_memory_gib"]["median"])),
+            "front": "; ".join(_cell_text(c) for c in front) or "not computed"}
+
+
+def _spec(sweep: Mapping[str, Any]) -> list[tuple[str, str]]:
+    spec = sweep.get("spec") or {}
+    cells = sweep["cells"]
+    counts = ", ".join(f"{sum(c.get('status') == s for c in cells)} {s}" for s in ("done", "pending", "failed"))
+    return [("preset", str(spec.get("preset"))),
+            ("grid", "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in (spec.get("grid") or {}).items())),
+            ("overrides", " ".join(map(str, spec.get("overrides") or [])) or "none"),
+            ("repeats x steps", f"{spec.get('repeats')} x {spec.get('steps')} steps"),
+            ("cells", f"{len(cells)}: {counts}")]
+
+
+def sweep_report(sweep: Mapping[str, Any], path: Path) -> str:
+    """The HTML report of a sweep record read from `path`."""
+    shown, missing = html.sections([
+        ("Ablation", figures_sweep.ablation(sweep), "no ablation computed"),
+        ("Pareto front", figures_sweep.pareto(sweep), "no cell measured"),
+    ])
+    return html.render(
+        "sweep.html", title=f"glmperf: sweep {sweep['id']}", sections=shown, missing=missing,
+        sweep={"id": sweep["id"], "status": sweep.get("status"), "created": sweep.get("created")}, path=str(path),
+        banner=BANNERS.get(str(sweep.get("status"))), best=_best(sweep), spec=_spec(sweep),
+        cells=[[c["index"], settings_text(c.get("settings") or {}), c.get("status"),
+                _range(c.get("tokens_per_s"), ",.0f"), _range(c.get("peak_memory_gib"), ".3f"),
+                ", ".join(c.get("runs") or [])] for c in sweep["cells"]],
+        ablation=[[a["key"], str(a["value"]), str(a["reference"]), a["metric"], f"{a['change_pct']:+.1f}%",
+                   f"{a['low_pct']:+.1f}% to {a['high_pct']:+.1f}%", a.get("pairs", "")]
+                  for a in sweep.get("ablation") or []],
+        interactions=[[" x ".join(i["keys"]), i["metric"], f"{i['change_pct']:+.1f}%", i.get("note", "")]
+                      for i in sweep.get("interactions") or []],
+        refused=[[settings_text(r.get("settings") or {}), r.get("reason", "")] for r in sweep.get("refused") or []],
+        written=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
