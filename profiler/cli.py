@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizers.config import ConfigError
-from profiler import compare_cli, console, plugins, store
+from profiler import compare_cli, console, plugins, store, sweep_cli
 from profiler.config import load_config, shipped_presets
 
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT = 0, 1, 2
@@ -251,6 +251,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--steps", type=int, help="with --verify: steps of each run (default: the run's own)")
             p.add_argument("--no-progress", action="store_true", help="with --verify: no progress output")
     compare_cli.add_parser(sub)
+    sweep_cli.add_parser(sub)
     plugins.add_parsers(sub)
     init = sub.add_parser("init-run", help="validate a config and create a run for ranks started elsewhere "
                           "(torchrun on several nodes, Slurm); prints the run directory")
@@ -272,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             return _runs(args, runs_dir)
         if args.command == "compare":
             return compare_cli.main(args)
+        if args.command == "sweep":
+            return sweep_cli.main(args)
         if args.command in plugins.commands():
             return plugins.commands()[args.command].main(args)
         if getattr(args, "top", None) is not None and args.top < 1:
