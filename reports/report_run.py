@@ -74,9 +74,10 @@ def _verified_text(result: Mapping[str, Any] | None) -> str:
     if not result:
         return "not verified"
     m = result.get("measured") or {}
-    return (f"{result.get('verdict')}: {m.get('metric')} {m.get('change_pct', float('nan')):+.1f}% "
-            f"({m.get('low_pct', float('nan')):+.1f}% to {m.get('high_pct', float('nan')):+.1f}%); "
-            f"{result.get('reason', '')}")
+    if not all(isinstance(m.get(k), (int, float)) for k in ("change_pct", "low_pct", "high_pct")):
+        return f"{result.get('verdict')}: {result.get('reason', '')}"
+    return (f"{result.get('verdict')}: {m.get('metric')} {m['change_pct']:+.1f}% ({m['low_pct']:+.1f}% to "
+            f"{m['high_pct']:+.1f}%); {result.get('reason', '')}")
 
 
 def _verdict(diagnosis: Mapping[str, Any], verification: Mapping[str, Any] | None) -> dict[str, Any]:
