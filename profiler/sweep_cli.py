@@ -50,7 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no live progress output")
 
 
-def _spread(figure: dict[str, float] | None, digits: int) -> str:
+def _figure_text(figure: dict[str, float] | None, digits: int) -> str:
     if figure is None:
         return "n/a"
     low, high = fmt(figure["low"], digits), fmt(figure["high"], digits)
@@ -70,11 +70,11 @@ def print_sweep(record: dict[str, Any], path: Path, out: TextIO) -> None:
     heads = {name: f"{m.label} ({m.unit})" for name, m in metrics.items()}
     print(f"sweep {record['id']}: {record['status']}, {len(record['cells'])} cell(s) x {spec['repeats']} "
           f"repeat(s) of {spec['steps']} steps (median [min-max] over repeats)", file=out)
-    width = max(len(sweep.settings_text(c["settings"])) for c in record["cells"])
+    width = max(len("settings"), *(len(sweep.settings_text(c["settings"])) for c in record["cells"]))
     print(f"  {'cell':>4}  {'settings':<{width}}  {'status':<7}  {heads['tokens_per_s']:<24}  "
           f"{heads['peak_memory_gib']}", file=out)
     for c in record["cells"]:
-        figures = [_spread(c[name], m.digits) for name, m in metrics.items()]
+        figures = [_figure_text(c[name], m.digits) for name, m in metrics.items()]
         print(f"  {c['index']:>4}  {sweep.settings_text(c['settings']):<{width}}  {c['status']:<7}  {figures[0]:<24}  "
               f"{figures[1]}", file=out)
     print(f"ablation: change against the key's first value, other keys held equal ({sweep.CONFIDENCE:.0%} t interval "

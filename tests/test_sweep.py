@@ -19,6 +19,7 @@ from profiler import store, sweep
 from profiler.analysis import load_run, summary_of
 from profiler.cli import main
 from profiler.metrics import METRIC_BY_NAME
+from profiler.sweep_cli import print_sweep
 from tests.conftest import ROOT, TINY, glmperf
 
 FAST = [f"--set={o}" for o in (*TINY, "profile.trace=false")]
@@ -128,6 +129,19 @@ def test_repeats_interleave() -> None:
     record = synthetic({"a": ["x", "y", "z"]}, {})
     record["spec"]["repeats"] = 2
     assert sweep.todo(record) == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+
+
+def test_the_tables_for_people(capsys: pytest.CaptureFixture) -> None:
+    noise = (1.0, 1.01, 0.99)
+    both = {(0, 0): 100, (1, 0): 200, (0, 1): 100, (1, 1): 300}
+    record = synthetic(GRID, {lv: [(t * n, 1.0 + lv[0]) for n in noise] for lv, t in both.items()})
+    record.update(id="s1", refused=[{"settings": {"a": "z", "b": "u"}, "reason": "switches.x: cannot run here"}])
+    print_sweep(record, Path("sweeps/s1/sweep.json"), sys.stdout)
+    out = capsys.readouterr().out
+    assert "     3  a=y b=v   done     300 [297-303]" in out
+    assert "a=y vs x: throughput +144.9% [" in out and "(6 pairs)" in out
+    assert "a=y changes throughput by +100.0% with b=u but by +200.0% with b=v (+50.0%" in out
+    assert "leanest first: cell 0, 1, 3" in out and "refused: a=z b=u: switches.x: cannot run here" in out
 
 
 # --- real sweeps on tiny ----------------------------------------------------------------------------------------
