@@ -13,10 +13,11 @@ record of them.
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -37,6 +38,13 @@ class Cell:
     cfg: RunConfig
     links: Mapping[str, Any] = field(default_factory=dict)
     nproc: int = 1
+
+
+def traced_once(cfg: RunConfig, repeat: int) -> RunConfig:
+    """The config of a repeat: the torch.profiler window only in the first. Its export and operator
+    table cost seconds a run (docs/BENCHMARKS.md), and one traced run per config gives the
+    operators that diagnosis and compare read; the window never changes what trains."""
+    return cfg if repeat == 0 else replace(cfg, profile=replace(cfg.profile, trace=False))
 
 
 class PlanProgress(TrainerHook):
@@ -107,6 +115,7 @@ def run_cells(cells: Sequence[Cell], *, runs_dir: Path, progress: bool = True) -
         for i, cell in enumerate(cells):
             if bar is not None:
                 bar.start_cell(i, cell)
+            gc.collect()  # what the cell before left behind must not count in this one's memory
             hooks = (bar,) if bar is not None and cell.nproc == 1 else ()
             run_dir = profile_run(cell.cfg, runs_dir=runs_dir, nproc=cell.nproc, progress=False, hooks=hooks,
                                   links=dict(cell.links))

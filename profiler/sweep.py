@@ -39,7 +39,7 @@ from scipy import stats
 from optimizers.config import ConfigError
 from profiler import store
 from profiler.analysis import load_run, summary_of
-from profiler.cells import Cell, run_cells
+from profiler.cells import Cell, run_cells, traced_once
 from profiler.config import RunConfig, load_config, merge_into, parse_override
 from profiler.metrics import METRIC_BY_NAME
 
@@ -291,7 +291,8 @@ def run_sweep(plan_dir: Path, record: dict[str, Any], configs: Sequence[RunConfi
     """Run the record's repeats without a completed run, rewriting the record after each; Ctrl-C
     leaves it `interrupted` with everything done so far."""
     cells = [Cell(f"{settings_text(record['cells'][i]['settings'])} (repeat {r + 1}/{record['spec']['repeats']})",
-                  configs[i], links={KIND: {"id": record["id"], "cell": i, "repeat": r}}) for i, r in todo(record)]
+                  traced_once(configs[i], r), links={KIND: {"id": record["id"], "cell": i, "repeat": r}})
+             for i, r in todo(record)]
     record["status"] = "running"
     store.write_plan(plan_dir, KIND, record)
     try:

@@ -30,7 +30,7 @@ from typing import Any
 
 from profiler import store
 from profiler.analysis import RunData, analyze, load_run, summary_of
-from profiler.cells import Cell
+from profiler.cells import Cell, traced_once
 from profiler.compare_gate import DEFAULT_REPORTED, LOSS_PARITY, Gate, Threshold
 from profiler.compare_runs import compare
 from profiler.config import RunConfig, load_config
@@ -107,7 +107,7 @@ def verify_plan(run: RunData, recommendations: Sequence[Mapping[str, Any]], *, r
             refused.append({"label": trial_label, "reason": f"cannot run here: {exc}"})
             continue
         trials.append(Trial(trial_label, rec, cfg))
-    cells = tuple(Cell(f"{t.label} (repeat {r + 1}/{repeats})", t.cfg, nproc=nproc,
+    cells = tuple(Cell(f"{t.label} (repeat {r + 1}/{repeats})", traced_once(t.cfg, r), nproc=nproc,
                        links={"verifies": {"run": run.id, "trial": t.label, "repeat": r}})
                   for r in range(repeats) for t in trials)
     return Plan(run.id, tuple(trials), tuple(refused), cells, repeats, steps)

@@ -9,6 +9,7 @@ see the samples 1 rank of batch 2B sees.
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import json
@@ -83,6 +84,13 @@ def _walk_files(root: Path, suffix: str | None = None) -> list[Path]:
     return sorted(found)
 
 
+@functools.cache
+def _stdlib_files() -> tuple[Path, ...]:
+    """This Python's standard library sources, resolved: listed once per process (runs of one plan
+    share them; the library does not change under a running interpreter)."""
+    return tuple(p.resolve() for p in _walk_files(Path(sysconfig.get_paths()["stdlib"]), ".py"))
+
+
 def resolve_corpus(names: list[str]) -> list[Path] | None:
     """The files of a corpus, in a fixed order; None for `synthetic` (random tokens, no files).
 
@@ -97,7 +105,7 @@ def resolve_corpus(names: list[str]) -> list[Path] | None:
     files: list[Path] = []
     for name in names:
         if name == "stdlib":
-            files += _walk_files(Path(sysconfig.get_paths()["stdlib"]), ".py")
+            files += _stdlib_files()
             continue
         pattern = os.path.expanduser(name)
         is_glob = any(c in pattern for c in "*?[")
@@ -110,8 +118,8 @@ def resolve_corpus(names: list[str]) -> list[Path] | None:
                 hits.append(match)
         if not hits:
             raise ConfigError("data.corpus", f"{name!r} matches no file; {_ALLOWED}")
-        files += hits
-    return list(dict.fromkeys(p.resolve() for p in files))  # dedupe, keep order
+        files += [p.resolve() for p in hits]
+    return list(dict.fromkeys(files))  # dedupe, keep order
 
 
 def _cache_dir(cfg: DataConfig) -> Path:
