@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizers.config import ConfigError
-from profiler import compare_cli, console, plugins, store, sweep_cli
+from profiler import compare_cli, console, plugins, store, sweep_cli, tune_cli
 from profiler.config import load_config, shipped_presets
 
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT = 0, 1, 2
@@ -252,6 +252,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--no-progress", action="store_true", help="with --verify: no progress output")
     compare_cli.add_parser(sub)
     sweep_cli.add_parser(sub)
+    tune_cli.add_parser(sub)
     plugins.add_parsers(sub)
     init = sub.add_parser("init-run", help="validate a config and create a run for ranks started elsewhere "
                           "(torchrun on several nodes, Slurm); prints the run directory")
@@ -275,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             return compare_cli.main(args)
         if args.command == "sweep":
             return sweep_cli.main(args)
+        if args.command == "tune":
+            return tune_cli.main(args)
         if args.command in plugins.commands():
             return plugins.commands()[args.command].main(args)
         if getattr(args, "top", None) is not None and args.top < 1:

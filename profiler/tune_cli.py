@@ -1,0 +1,111 @@
+"""`glmperf tune`: diagnose, verify and adopt recommendations until nothing left confirms.
+
+    glmperf tune --preset small [--steps S] [--memory-budget-gb G] [--time-budget-min M]
+                 [--repeats N] [--allow-model-changes] [--output FILE]
+
+Exit 0 with a tuned config within the budget (possibly the starting one, when nothing confirmed);
+1 when the tuned config still exceeds the memory budget; 2 on bad input; 130 on Ctrl-C (the rounds
+done are kept in the record).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from profiler import store
+from profiler.config import load_config, shipped_presets
+
+EXIT_OK, EXIT_OVER_BUDGET, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "tune", help="from a plain config to the fastest one the advice can prove, within a memory budget",
+        description="Diagnose a run of the config, verify the top recommendation against a fresh run, adopt it "
+                    "when confirmed and within the memory budget, and repeat until nothing left confirms.",
+        epilog="example: glmperf tune --preset small --steps 30 --memory-budget-gb 4")
+    start = p.add_mutually_exclusive_group(required=True)
+    start.add_argument("--preset", help=f"shipped config: {', '.join(shipped_presets())}")
+    start.add_argument("--config", type=Path, help="YAML config file to start from")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one value of the starting config (repeatable)")
+    p.add_argument("--steps", type=int, help="steps of every run (default: the config's)")
+    p.add_argument("--memory-budget-gb", type=float, help="peak memory the tuned config must fit (GiB; "
+                   "default: the config's profile.memory_budget_gb, else no limit)")
+    p.add_argument("--time-budget-min", type=float, help="stop before a round that would overrun this")
+    p.add_argument("--repeats", type=int, default=2, help="runs of each side per verification (default 2)")
+    p.add_argument("--max-rounds", type=int, default=8, help="recommendations tried at most (default 8)")
+    p.add_argument("--allow-model-changes", action="store_true", help="also try changes that alter the model")
+    p.add_argument("--output", type=Path, help="the tuned config (default: tuned.yaml beside the record)")
+    p.add_argument("--runs-dir", type=Path, help="where runs are (default: $GLMPERF_RUNS or ./runs)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the record as JSON")
+
+
+def _positive(name: str, value: float | None, *, integer: bool = False) -> None:
+    if value is not None and (value <= 0 or (integer and int(value) != value)):
+        raise store.StoreError(f"{name}: got {value}; allowed: {'an integer' if integer else 'a number'} > 0")
+
+
+def _gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} GiB"
+
+
+def _print(record: Mapping[str, Any], tuned_path: Path, out: Any) -> None:
+    print(f"tune {record['id']}: {len(record['rounds'])} round(s), {record.get('elapsed_s', 0):.0f} s; "
+          f"stopped: {record.get('stopped')}", file=out)
+    for e in record["rounds"]:
+        change = " ".join(f"{k}={v}" for k, v in e["tried"].items())
+        print(f"  round {e['round']}: {e['diagnosis']}", file=out)
+        print(f"     tried {change}: {e['decision']}: {e['why']}", file=out)
+    settings = (record.get("tuned") or {}).get("settings") or {}
+    adopted = " ".join(f"{k}={v}" for k, v in settings.items()) or "nothing (the starting config stays)"
+    print(f"adopted: {adopted}", file=out)
+    start, end = record["tuned"]["start"], record["tuned"]["end"]
+    print(f"tokens/s: {start['tokens_per_s']:,.0f} (run {start['run']}) -> {end['tokens_per_s']:,.0f} "
+          f"(run {end['run']}); peak memory {_gib(start['peak_memory_gib'])} -> {_gib(end['peak_memory_gib'])}",
+          file=out)
+    print(f"tuned config: {tuned_path}  (profile-run --config {tuned_path})", file=out)
+
+
+def main(args: argparse.Namespace) -> int:
+    from profiler.tune import Tuner, TuneSpec, write_tuned
+
+    for name, value, integer in (("--steps", args.steps, True), ("--memory-budget-gb", args.memory_budget_gb, False),
+                                 ("--time-budget-min", args.time_budget_min, False),
+                                 ("--repeats", args.repeats, True), ("--max-rounds", args.max_rounds, True)):
+        _positive(name, value, integer=integer)
+    overrides = list(args.overrides) + ([f"train.steps={args.steps}"] if args.steps else [])
+    if args.memory_budget_gb:
+        overrides.append(f"profile.memory_budget_gb={args.memory_budget_gb}")
+    start = load_config(config=args.config, preset=args.preset, overrides=overrides)
+    runs_dir = store.default_runs_dir(args.runs_dir)
+    store.check_runs_dir(runs_dir)
+    budget = start.profile.memory_budget_gb or None
+    spec = TuneSpec(start, repeats=args.repeats, budget_gib=budget,
+                    time_budget_s=60 * args.time_budget_min if args.time_budget_min else None,
+                    allow_model_changes=args.allow_model_changes, max_rounds=args.max_rounds,
+                    source={"preset": args.preset, "config": str(args.config) if args.config else None,
+                            "overrides": overrides})
+    tuner = Tuner(spec, runs_dir=runs_dir, progress=not args.no_progress)
+    try:
+        record = tuner.run()
+    except KeyboardInterrupt:
+        print(f"tune interrupted: the record of the rounds done is {tuner.dir / 'tune.json'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    path = write_tuned(record, tuner.dir, args.output)
+    if args.json:
+        print(json.dumps({**record, "tuned_config": str(path)}, indent=2, default=str))
+    else:
+        _print(record, path, sys.stdout)
+    peak = record["tuned"]["end"]["peak_memory_gib"]
+    if budget is not None and peak is not None and peak > budget:
+        print(f"glmperf: the tuned config's peak memory {peak:.2f} GiB still exceeds the {budget:g} GiB budget: "
+              "no recommendation that fits it was confirmed", file=sys.stderr)
+        return EXIT_OVER_BUDGET
+    return EXIT_OK

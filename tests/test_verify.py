@@ -1,0 +1,103 @@
+"""`glmperf recommend --verify`: the plan, and verdicts on real reruns that must come out as induced."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from profiler import store
+from profiler.analysis import load_run
+from profiler.cells import run_cells
+from profiler.verify import COMBINED, MIN_GAIN, judge_plan, runs_of, verify_plan
+from tests.conftest import glmperf, tiny_run
+
+
+def rec(settings: dict, judged_by: str = "tokens_per_s", risk: str = "none") -> dict:
+    """A recommendation as recommend writes it (the fields verify reads)."""
+    return {"switch": next(iter(settings)).split(".")[1], "set": settings, "judged_by": judged_by, "risk": risk,
+            "expected": {"tokens_per_s": {"low": 10.0, "high": 20.0, "unit": "%"}, "basis": "test"}, "for": "test"}
+
+def test_plan_interleaves_trials_traces_once_and_refuses_conflicts(completed_run):
+    run = load_run(completed_run)
+    a = rec({"switches.dataloader.num_workers": 1})
+    b = rec({"switches.dataloader.num_workers": 2})
+    plan = verify_plan(run, [a, b], repeats=2, steps=12)
+    assert [t.label for t in plan.trials] == ["baseline", "dataloader", "dataloader"]
+    assert plan.refused == ({"label": COMBINED, "reason": "two recommendations set one key differently"},)
+    assert [c.links["verifies"]["trial"] for c in plan.cells] == ["baseline", "dataloader", "dataloader"] * 2
+    assert all(c.links["verifies"]["run"] == run.id for c in plan.cells)
+    assert [c.cfg.profile.trace for c in plan.cells] == [run.config["profile"]["trace"]] * 3 + [False] * 3
+    assert {c.cfg.train.steps for c in plan.cells} == {12}
+    assert plan.trials[1].cfg.switches.dataloader.num_workers == 1
+
+    c = rec({"switches.stability.clip_grad_norm": 0.5})
+    combined = verify_plan(run, [a, c], repeats=1, steps=12)
+    together = combined.trials[-1]
+    assert together.label == COMBINED and together.recommendation["set"] == {**a["set"], **c["set"]}
+    assert together.cfg.switches.dataloader.num_workers == 1 and together.cfg.switches.stability.clip_grad_norm == 0.5
+
+def test_plan_refuses_a_change_the_catalog_rejects(completed_run):
+    run = load_run(completed_run)
+    plan = verify_plan(run, [rec({"switches.compile.mode": "nonsense"})], repeats=1, steps=12)
+    assert [t.label for t in plan.trials] == ["baseline"]
+    assert plan.refused[0]["label"] == "compile" and plan.refused[0]["reason"].startswith("cannot run here")
+
+def _verify(run_dir, recs, tmp_path, repeats=2, steps=14):
+    run = load_run(run_dir)
+    plan = verify_plan(run, recs, repeats=repeats, steps=steps)
+    done = list(run_cells(plan.cells, runs_dir=tmp_path, progress=False))
+    return judge_plan(plan, runs_of(plan, done))
+
+@pytest.mark.slow
+def test_a_change_that_slows_training_is_refuted_and_one_that_changes_the_loss_is_changes_numerics(tmp_path):
+    base = tiny_run(tmp_path / "base", "train.steps=14", "profile.trace=false")
+    slower = rec({"data.io_delay_ms": 40})  # batches arrive 40 ms late: no way that pays off
+    drift = rec({"train.lr": 0.03})  # ten times the learning rate: another loss curve
+    result = _verify(base, [slower, drift], tmp_path / "cells")
+    by_key = {json.dumps(r["set"]): r for r in result["results"]}
+    refuted = by_key[json.dumps(slower["set"])]
+    assert refuted["verdict"] == "refuted", refuted
+    assert refuted["measured"]["high_pct"] < 100 * MIN_GAIN
+    numerics = by_key[json.dumps(drift["set"])]
+    assert numerics["verdict"] == "changes_numerics", numerics
+    assert numerics["measured"]["loss_parity"]["verdict"] == "drift"
+    assert result["complete"] and len(result["baseline_runs"]) == 2
+
+@pytest.mark.slow
+def test_bf16_is_changes_numerics_exactly_when_its_loss_drifts_beyond_the_tolerance(tmp_path):
+    base = tiny_run(tmp_path / "base", "train.steps=12", "profile.trace=false")
+    result = _verify(base, [rec({"switches.amp.dtype": "bf16"}, risk="numerics")], tmp_path / "cells", repeats=1,
+                     steps=12)
+    (r,) = result["results"]
+    drifted = r["measured"]["loss_parity"]["verdict"] == "drift"
+    assert (r["verdict"] == "changes_numerics") == drifted, r
+    assert math.isfinite(r["measured"]["change_pct"])
+
+@pytest.mark.slow
+def test_verify_confirms_the_loader_fix_of_an_input_bound_run_and_stores_it(tmp_path):
+    runs_dir = tmp_path / "runs"
+    run_dir = tiny_run(runs_dir, "train.steps=16", "data.io_delay_ms=30", "name=slow-input")
+    proc = glmperf("recommend", "slow-input", "--runs-dir", str(runs_dir), "--verify", "--top", "1",
+                   "--repeats", "2", "--no-progress", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    (top,) = out["verification"]["results"]
+    assert top["set"] == {"switches.dataloader.num_workers": 2}
+    assert top["verdict"] == "confirmed", top
+    shares = top["measured"]["shares"]
+    assert shares["candidate"]["data"] <= shares["baseline"]["data"] / 2
+    stored = store.read_run(run_dir)["diagnosis"]["verification"]
+    assert stored["results"][0]["verdict"] == "confirmed"
+    linked = [r for r in store.list_runs(runs_dir) if (r.get("verifies") or {}).get("run") == run_dir.name]
+    assert sorted(r["verifies"]["trial"] for r in linked) == ["baseline", "baseline", "dataloader", "dataloader"]
+    assert {r["status"] for r in linked} == {"completed"}
+    shown = glmperf("recommend", "slow-input", "--runs-dir", str(runs_dir))
+    assert "confirmed" in shown.stdout and "switches.dataloader.num_workers=2" in shown.stdout
+
+def test_verify_refuses_too_few_steps_before_running(completed_run, tmp_path):
+    proc = glmperf("recommend", str(completed_run), "--runs-dir", str(tmp_path), "--verify", "--steps", "3")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("glmperf: error: --steps: got 3; allowed: at least")
+    assert not list(tmp_path.iterdir())
