@@ -83,7 +83,11 @@ def _fraction(effect: Effect, figures: Figures) -> tuple[float, float]:
         return low * (1 - 1 / speedup), high * (1 - 1 / speedup)
     if effect.scales_with == "attention_share":
         return effect.fraction({"attention_share": v(figures, "attention_share") / 100})
-    return effect.fraction({})
+    low, high = effect.fraction({})
+    step_memory = v(figures, "step_memory") / 100
+    if effect.target == "peak_memory" and effect.change == "shrinks" and math.isfinite(step_memory):
+        return low * step_memory, high * step_memory  # only what the steps add can be freed
+    return low, high
 
 
 def _percent(low: float, high: float) -> str:
@@ -109,7 +113,9 @@ def expected(candidate: Candidate, figures: Figures) -> dict[str, Any]:
             basis.append(f"{effect.target} {100 * share:.0f}% of the step, {effect.change} by {_percent(low, high)}")
         elif effect.target == "peak_memory" and known(figures, "peak_memory"):
             memory = (min(-sign * low, -sign * high), max(-sign * low, -sign * high))
-            basis.append(f"peak memory {effect.change} by {_percent(low, high)}")
+            held = f" (only the {v(figures, 'step_memory'):.0f}% of it the steps add can be freed)" \
+                if known(figures, "step_memory") and sign > 0 else ""
+            basis.append(f"peak memory {effect.change} by {_percent(low, high)}{held}")
     out: dict[str, Any] = {"tokens_per_s": {"low": 100 * (1 / (1 - removed_low) - 1),
                                             "high": 100 * (1 / (1 - removed_high) - 1), "unit": "%"}}
     if memory is not None:

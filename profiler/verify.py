@@ -167,8 +167,9 @@ def _judge_speed(metric: str, base: Sequence[RunData], cand: Sequence[RunData], 
         return "changes_numerics", result.parity.reason, measured
     if e.verdict == "improved":
         reason = f"{gain} of {100 * sign * e.change:.1f}% [{100 * lo:+.1f}%, {100 * hi:+.1f}%]"
-        if measured.get("under_budget") is False:
-            reason += f"; still above the {budget_gib:g} GiB budget"
+        if "under_budget" in measured:
+            where = "under" if measured["under_budget"] else "still above"
+            reason += f"; peak {e.cand:.2f} GiB, {where} the {budget_gib:g} GiB budget"
         return "confirmed", reason, measured
     if e.verdict in ("regressed", "unchanged") or hi < MIN_GAIN:
         return "refuted", f"no {gain} of {100 * MIN_GAIN:g}% or more: measured {100 * sign * e.change:+.1f}% " \

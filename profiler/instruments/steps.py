@@ -172,6 +172,8 @@ class StepTimer(Instrument):
         self._process = psutil.Process()
         self._hwm: _HwmReset | None = None
         self._rss: _RssReader | None = None
+        self._at_start = NAN
+        """Memory held when training starts (model and optimizer built): what no step-level switch frees."""
         self._rows = 0
         self._unresolved = 0
         # the step in progress
@@ -194,6 +196,9 @@ class StepTimer(Instrument):
             torch.cuda.reset_peak_memory_stats(self.cuda)
         self._hwm = _HwmReset()
         self._rss = _RssReader()
+        rss = self._rss.read()
+        self._at_start = float(torch.cuda.memory_allocated(self.cuda)) if self.cuda is not None else \
+            rss[0] if rss is not None else NAN
 
     def on_step_start(self, step: int) -> None:
         self.current_step = step
@@ -249,7 +254,8 @@ class StepTimer(Instrument):
     def summary(self) -> dict[str, Any]:
         return {"steps_written": self._rows, "unresolved_steps": self._unresolved,
                 "timing": "cuda_events" if self.cuda is not None else "perf_counter",
-                "rss_peak_scope": "step" if self._hwm is not None and self._hwm.works else "process"}
+                "rss_peak_scope": "step" if self._hwm is not None and self._hwm.works else "process",
+                "memory_at_start_bytes": self._at_start}
 
     # -- internals --------------------------------------------------------------------------
     def _record(self) -> torch.cuda.Event:
