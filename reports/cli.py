@@ -72,10 +72,10 @@ def _compare(args: argparse.Namespace, runs_dir: Path) -> Path:
 
 def _sweep(args: argparse.Namespace, runs_dir: Path) -> Path:
     from reports import html
-    from reports.report_sweep import read_sweep, resolve_sweep, sweep_report
+    from reports.report_sweep import read_sweep, sweep_report
 
-    path = resolve_sweep(args.sweep, runs_dir)
-    return html.write(args.output or path.parent / REPORT_FILE, sweep_report(read_sweep(path), path))
+    path, sweep = read_sweep(args.sweep, runs_dir)
+    return html.write(args.output or path.parent / REPORT_FILE, sweep_report(sweep, path))
 
 
 def main(args: argparse.Namespace) -> int:

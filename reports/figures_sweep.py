@@ -35,12 +35,18 @@ def ablation(sweep: Mapping[str, Any]) -> go.Figure | None:
         fig.add_scatter(
             x=[r["change_pct"] for r in picked], mode="markers", name=label, marker={"size": 11},
             y=[safe(f"{r['key']}={r['value']} vs {r['reference']} ({label})") for r in picked],
-            error_x={"type": "data", "symmetric": False, "array": [r["high_pct"] - r["change_pct"] for r in picked],
-                     "arrayminus": [r["change_pct"] - r["low_pct"] for r in picked]},
+            error_x={"type": "data", "symmetric": False,
+                     "array": [_gap(r.get("high_pct"), r["change_pct"]) for r in picked],
+                     "arrayminus": [_gap(r["change_pct"], r.get("low_pct")) for r in picked]},
             customdata=[r.get("pairs", 0) for r in picked],
             hovertemplate="%{y}: %{x:+.1f}% over %{customdata} pair(s)<extra></extra>")
     fig.add_vline(x=0, line_color="#999")
     return fig
+
+
+def _gap(a: float | None, b: float | None) -> float:
+    """An error bar's length; 0 where the interval is unknown (one pair)."""
+    return 0.0 if a is None or b is None else a - b
 
 
 def measured(cell: Mapping[str, Any]) -> bool:

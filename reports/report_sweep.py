@@ -6,7 +6,6 @@ ablation, interactions and refused settings.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,33 +14,24 @@ from profiler import store
 from reports import figures_sweep, html
 from reports.figures_advice import settings_text
 
-SWEEP_FILE = "sweep.json"
 BANNERS = {"running": "This sweep is still running: cells marked pending have no runs yet.",
            "interrupted": "This sweep was interrupted: cells marked pending were never run."}
 
 
-def resolve_sweep(ref: str | Path, runs_dir: Path) -> Path:
-    """The sweep.json a reference names: a directory holding sweep.json, a path to it, or an id under
-    `<runs_dir>/sweeps/`; StoreError (one line) when there is none."""
-    path = Path(ref)
-    for candidate in (path / SWEEP_FILE, path, runs_dir / "sweeps" / str(ref) / SWEEP_FILE):
-        if candidate.is_file() and candidate.name == SWEEP_FILE:
-            return candidate
-    raise store.StoreError(f"no sweep {str(ref)!r}: neither a directory holding {SWEEP_FILE}, nor a path to one, "
-                           f"nor a sweep id under {runs_dir / 'sweeps'}")
+def read_sweep(ref: str | Path, runs_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """The sweep.json a reference names (its directory, the file, or its id) and the record in it;
+    StoreError (one line) when there is none or it is not a sweep record."""
+    plan_dir = store.resolve_plan(ref, runs_dir, "sweep")
+    data = store.read_plan(plan_dir, "sweep")
+    if not isinstance(data.get("cells"), list) or "id" not in data:
+        raise store.StoreError(f"{plan_dir / 'sweep.json'} is not a sweep record (no id or cells)")
+    return plan_dir / "sweep.json", data
 
 
-def read_sweep(path: Path) -> dict[str, Any]:
-    """The sweep record; StoreError naming the file and what is wrong with it."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise store.StoreError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise store.StoreError(f"{path} is not valid JSON (corrupt sweep record): {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("cells"), list) or "id" not in data:
-        raise store.StoreError(f"{path} is not a sweep record (no id or cells)")
-    return data
+def _interval(row: Mapping[str, Any]) -> str:
+    if row.get("low_pct") is None or row.get("high_pct") is None:
+        return "n/a (one pair: no interval)"
+    return f"{row['low_pct']:+.1f}% to {row['high_pct']:+.1f}%"
 
 
 def _range(m: Mapping[str, Any] | None, spec: str) -> str:
@@ -91,7 +81,7 @@ def sweep_report(sweep: Mapping[str, Any], path: Path) -> str:
                 _range(c.get("tokens_per_s"), ",.0f"), _range(c.get("peak_memory_gib"), ".3f"),
                 ", ".join(c.get("runs") or [])] for c in sweep["cells"]],
         ablation=[[a["key"], str(a["value"]), str(a["reference"]), a["metric"], f"{a['change_pct']:+.1f}%",
-                   f"{a['low_pct']:+.1f}% to {a['high_pct']:+.1f}%", a.get("pairs", "")]
+                   _interval(a), a.get("pairs", "")]
                   for a in sweep.get("ablation") or []],
         interactions=[[" x ".join(i["keys"]), i["metric"], f"{i['change_pct']:+.1f}%", i.get("note", "")]
                       for i in sweep.get("interactions") or []],
