@@ -1,0 +1,93 @@
+"""Does the advice hold when rerun? Each diagnosis scenario's top recommendation, verified.
+
+    python -m benchmarks.verify_scenarios [--repeats N] [--steps N] [--only NAME ...]
+
+For every scenario of benchmarks/diagnosis_scenarios.py that this machine can induce: a run of it,
+its top recommendation, then `glmperf recommend RUN --verify --top 1` (profiler.verify: a fresh
+baseline and the changed config, interleaved, `--repeats` runs each). The table sets the expected
+range next to the measured change and its interval, with the verdict; "inside" says whether the
+measured change lies in the expected range (a stability remedy has none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import header, mode_label, table, write_result
+from benchmarks.diagnosis_scenarios import SCENARIOS, Scenario
+from profiler.analysis import load_run
+from profiler.cells import Cell, run_cells
+from profiler.config import load_config
+from profiler.recommend import advise
+from profiler.verify import run_verification
+
+
+def _expected(rec: dict[str, Any]) -> tuple[float, float] | None:
+    """The expected change of the judged metric, in the measured change's sense (a gain, a reduction)."""
+    exp = rec["expected"] or {}
+    if rec["judged_by"] == "tokens_per_s":
+        return exp["tokens_per_s"]["low"], exp["tokens_per_s"]["high"]
+    if rec["judged_by"] == "peak_memory" and "peak_memory" in exp:
+        return -exp["peak_memory"]["high"], -exp["peak_memory"]["low"]
+    return None
+
+
+def verify(scenario: Scenario, runs_dir: Path, repeats: int, steps: int) -> list[object]:
+    cfg = load_config(preset=scenario.preset, overrides=[*scenario.overrides, f"train.steps={steps}"],
+                      nproc=scenario.nproc)
+    ((_, run_dir),) = run_cells([Cell(scenario.name, cfg, nproc=scenario.nproc)], runs_dir=runs_dir, progress=False)
+    run = load_run(run_dir)
+    advice = advise(run)
+    first = advice["bottlenecks"][0]["kind"] if advice["bottlenecks"] else "none"
+    if not advice["recommendations"]:
+        return [scenario.name, first, "no recommendation", "", "", "", ""]
+    verification = run_verification(run, advice, top=1, repeats=repeats, steps=steps, runs_dir=runs_dir,
+                                    progress=False)
+    (result,) = verification["results"]
+    change = " ".join(f"{k}={v}" for k, v in result["set"].items())
+    m = result.get("measured") or {}
+    expected = _expected(result)
+    if "change_pct" in m:
+        measured = f"{m['change_pct']:+.1f}% [{m['low_pct']:+.1f}%, {m['high_pct']:+.1f}%] ({m['metric']})"
+    else:
+        measured = f"stability events {sum(m.get('base', []))} -> {sum(m.get('cand', []))}" if m else "not run"
+    inside = "n/a" if expected is None or "change_pct" not in m else \
+        "yes" if expected[0] <= m["change_pct"] <= expected[1] else "no"
+    exp_text = "steadier training" if expected is None else f"{expected[0]:+.0f}% to {expected[1]:+.0f}%"
+    return [scenario.name, first, change, exp_text, measured, result["verdict"], inside]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--only", nargs="*", help="scenario names (default: all this machine can induce)")
+    p.add_argument("--quick", action="store_true", help="2 repeats of 16 steps")
+    args = p.parse_args()
+    mode = mode_label(args, ["repeats", "steps", "only"])
+    repeats = args.repeats or (2 if args.quick else 3)
+    steps = args.steps or (16 if args.quick else 24)
+    chosen = [s for s in SCENARIOS if not s.skip and (not args.only or s.name in args.only)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for s in chosen:
+            print(f"verifying: {s.name}", flush=True)
+            rows.append(verify(s, Path(tmp), repeats, steps))
+    inside = [r for r in rows if r[-1] in ("yes", "no")]
+    text = header("Verified recommendations across the diagnosis scenarios") + (
+        f"- mode: {mode}\n- each: the scenario's run, then `glmperf recommend RUN --verify --top 1 --repeats "
+        f"{repeats} --steps {steps}` (fresh baseline and candidate interleaved, 99% intervals)\n\n")
+    text += table(["scenario", "diagnosed first", "top recommendation", "expected", "measured [interval]",
+                   "verdict", "inside"], rows)
+    text += f"\n\nMeasured inside the expected range: {sum(r[-1] == 'yes' for r in inside)} of {len(inside)}.\n"
+    skipped = [f"- {s.name}: {s.skip}" for s in SCENARIOS if s.skip]
+    if skipped:
+        text += "\nNot induced on this machine:\n" + "\n".join(skipped) + "\n"
+    write_result("verify_scenarios", text)
+
+
+if __name__ == "__main__":
+    main()
