@@ -9,6 +9,8 @@ import datetime as dt
 import math
 from collections.abc import Sequence
 
+import plotly.graph_objects as go
+
 from profiler.analysis import RunData
 from profiler.compare_formats import STEPS_NOTE, headline
 from profiler.compare_runs import Comparison
@@ -21,7 +23,7 @@ def _pct(x: float) -> str:
     return f"{x:+.1%}" if math.isfinite(x) else "n/a"
 
 
-def _metric_rows(c: Comparison) -> list[list[str]]:
+def metric_rows(c: Comparison) -> list[list[str]]:
     rows = []
     for m in c.metrics:
         e, digits = m.estimate, METRIC_BY_NAME[m.name].digits
@@ -39,14 +41,21 @@ def _contention(c: Comparison) -> str:
     return f"baseline {base}, candidate {cand} (other processes' share of the machine beyond what a run left free)"
 
 
-def compare_report(base: Sequence[RunData], cand: Sequence[RunData], c: Comparison) -> str:
-    """The HTML report of `c`, the comparison of the `base` runs with the `cand` runs."""
-    shown, missing = html.sections([
+def compare_figures(base: Sequence[RunData], cand: Sequence[RunData], c: Comparison
+                    ) -> list[tuple[str, go.Figure | None, str]]:
+    """Every figure of a comparison's report in order: (name, figure or None, why it would be missing);
+    the HTML report and the dashboard show these."""
+    return [
         ("Change per metric", figures_compare.metric_deltas(c), "no metric compared"),
         ("Step-time distributions", figures_compare.step_distributions(base, cand), "a side has no counted step"),
         ("Breakdowns side by side", figures_compare.breakdowns(c), "no phase measured"),
         ("Config diff", figures_compare.config_diff(c), "the sides' config and environment agree"),
-    ])
+    ]
+
+
+def compare_report(base: Sequence[RunData], cand: Sequence[RunData], c: Comparison) -> str:
+    """The HTML report of `c`, the comparison of the `base` runs with the `cand` runs."""
+    shown, missing = html.sections(compare_figures(base, cand, c))
     what = [("baseline", f"{len(c.base)} run(s): {', '.join(c.base)}"),
             ("candidate", f"{len(c.cand)} run(s): {', '.join(c.cand)}"),
             ("statistics", f"{100 * c.options.confidence:g}% intervals; {STEPS_NOTE}"),
@@ -55,7 +64,7 @@ def compare_report(base: Sequence[RunData], cand: Sequence[RunData], c: Comparis
         "compare.html", title=f"glmperf: {c.base[0]} vs {c.cand[0]}", sections=shown, missing=missing,
         base=list(c.base), cand=list(c.cand), verdict=c.verdict, failed=bool(c.failures), headline=headline(c),
         banners=[c.across_devices] if c.across_devices else [],
-        parity=f"{c.parity.verdict}: {c.parity.reason}", what=what, metrics=_metric_rows(c),
+        parity=f"{c.parity.verdict}: {c.parity.reason}", what=what, metrics=metric_rows(c),
         phases=[[p.name, fmt(p.base_ms, 2), fmt(p.cand_ms, 2), f"{p.change_ms:+.2f}"] for p in c.phases],
         ops=[[o.name, fmt(o.base_ms, 3), fmt(o.cand_ms, 3), f"{o.change_ms:+.3f}"] for o in c.ops], ops_time=c.ops_time,
         differences=[[d.section, d.key, str(d.base), str(d.cand)] for d in c.differences], notes=list(c.notes),

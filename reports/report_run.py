@@ -8,7 +8,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping
+from functools import cache
 from typing import Any
+
+import plotly.graph_objects as go
 
 from optimizers.config import ConfigError
 from profiler import console
@@ -42,19 +45,29 @@ def diagnosis_of(run: RunData, summary: Mapping[str, Any]) -> dict[str, Any]:
     return advise(run)
 
 
+@cache
+def _preset_config(preset: Any, world_size: int) -> dict[str, Any]:
+    """A preset's resolved config, flattened (once per preset: listing many runs asks it for each)."""
+    return flatten(json.loads(json.dumps(load_config(preset=preset, nproc=world_size).to_dict(), default=str)))
+
+
+def preset_changes(config: Mapping[str, Any], world_size: int) -> list[str]:
+    """The config keys whose values differ from the config's preset, as `key=value` a user would type;
+    ConfigError when the preset is not known."""
+    ref, ours = _preset_config(lookup(config, "model.preset"), world_size), flatten(config)
+    return [f"{k}={ours[k]}" for k in sorted(ours) if k != "name" and ref.get(k) != ours[k]]
+
+
 def changed_from_preset(run: RunData) -> str:
     """The config keys whose values differ from the run's preset, as `key=value` a user would type."""
-    preset = lookup(run.config, "model.preset")
     try:
-        reference = json.loads(json.dumps(load_config(preset=preset, nproc=run.world_size).to_dict(), default=str))
+        changed = preset_changes(run.config, run.world_size)
     except ConfigError as exc:
         return f"not known ({exc})"
-    ref, ours = flatten(reference), flatten(run.config)
-    changed = [f"{k}={ours[k]}" for k in sorted(ours) if k != "name" and ref.get(k) != ours[k]]
     return ", ".join(changed) or "nothing: the preset as shipped"
 
 
-def _what_ran(run: RunData, summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+def what_ran(run: RunData, summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     env = run.record.get("environment") or {}
     sampling = run.record.get("sampling") or {}
     versions = f"torch {env.get('torch')}, CUDA {env.get('cuda') or 'none'}, Python {env.get('python')}"
@@ -70,7 +83,7 @@ def _what_ran(run: RunData, summary: Mapping[str, Any]) -> list[tuple[str, str]]
     ]
 
 
-def _verified_text(result: Mapping[str, Any] | None) -> str:
+def verified_text(result: Mapping[str, Any] | None) -> str:
     if not result:
         return "not verified"
     m = result.get("measured") or {}
@@ -80,7 +93,7 @@ def _verified_text(result: Mapping[str, Any] | None) -> str:
             f"{m['high_pct']:+.1f}%); {result.get('reason', '')}")
 
 
-def _verdict(diagnosis: Mapping[str, Any], verification: Mapping[str, Any] | None) -> dict[str, Any]:
+def verdict_of(diagnosis: Mapping[str, Any], verification: Mapping[str, Any] | None) -> dict[str, Any]:
     found = diagnosis.get("bottlenecks") or []
     recs = diagnosis.get("recommendations") or []
     top = recs[0] if recs else None
@@ -90,12 +103,12 @@ def _verdict(diagnosis: Mapping[str, Any], verification: Mapping[str, Any] | Non
                        "message": found[0]["message"]} if found else None,
         "recommendation": {"settings": figures_advice.settings_text(top["set"]), "expected": console.expected_text(top),
                            "command": top["command"],
-                           "verified": _verified_text(figures_advice.verified(top, verification))
+                           "verified": verified_text(figures_advice.verified(top, verification))
                            if verification else ""} if top else None,
     }
 
 
-def _tables(run: RunData, diagnosis: Mapping[str, Any], verification: Mapping[str, Any] | None) -> dict[str, Any]:
+def run_tables(run: RunData, diagnosis: Mapping[str, Any], verification: Mapping[str, Any] | None) -> dict[str, Any]:
     evidence = [
         "; ".join(f"{name} {console.fmt(f.get('value'), 2)} {f.get('unit', '')} [{f.get('source', '')}]"
                   for name, f in (b.get("evidence") or {}).items()) for b in diagnosis.get("bottlenecks") or []]
@@ -104,7 +117,7 @@ def _tables(run: RunData, diagnosis: Mapping[str, Any], verification: Mapping[st
                         for b, e in zip(diagnosis.get("bottlenecks") or [], evidence, strict=True)],
         "skipped": [[s["rule"], s["reason"]] for s in diagnosis.get("skipped") or []],
         "recommendations": [[figures_advice.settings_text(r["set"]), r.get("for", ""), console.expected_text(r),
-                             _verified_text(figures_advice.verified(r, verification)), r.get("risk", ""),
+                             verified_text(figures_advice.verified(r, verification)), r.get("risk", ""),
                              r["command"]] for r in diagnosis.get("recommendations") or []],
         "verification": (f"Verified by rerunning: {verification.get('repeats')} repeat(s) of "
                          f"{verification.get('steps')} steps against baseline run(s) "
@@ -117,13 +130,12 @@ def _tables(run: RunData, diagnosis: Mapping[str, Any], verification: Mapping[st
     }
 
 
-def run_report(run: RunData) -> str:
-    """The HTML report of a stored run (any status a run can be read in)."""
-    summary = summary_of(run)
-    diagnosis = diagnosis_of(run, summary)
-    verification = (run.record.get("diagnosis") or {}).get("verification")
+def run_figures(run: RunData, summary: Mapping[str, Any], diagnosis: Mapping[str, Any],
+                verification: Mapping[str, Any] | None) -> list[tuple[str, go.Figure | None, str]]:
+    """Every figure of a run's report in order: (name, figure or None, why it would be missing); the
+    HTML report and the dashboard show these."""
     single = "a single process has no collectives" if run.world_size == 1 else "no collectives were measured"
-    shown, missing = html.sections([
+    return [
         ("Step-time breakdown", figures_run.step_breakdown(run, summary), "no counted step"),
         ("Step time over the run", figures_run.step_times(run), "no step recorded"),
         ("Throughput and MFU", figures_run.throughput(run, summary), "no step recorded"),
@@ -137,7 +149,15 @@ def run_report(run: RunData) -> str:
         ("Bottleneck evidence", figures_advice.bottlenecks(diagnosis), "no bottleneck found"),
         ("Recommendations", figures_advice.recommendations(diagnosis.get("recommendations") or [], verification),
          "no recommendation with a speed or memory gain"),
-    ])
+    ]
+
+
+def run_report(run: RunData) -> str:
+    """The HTML report of a stored run (any status a run can be read in)."""
+    summary = summary_of(run)
+    diagnosis = diagnosis_of(run, summary)
+    verification = (run.record.get("diagnosis") or {}).get("verification")
+    shown, missing = html.sections(run_figures(run, summary, diagnosis, verification))
     banner = BANNERS.get(run.status)
     return html.render(
         "run.html", title=f"glmperf: run {run.id}", sections=shown, missing=missing,
@@ -145,7 +165,7 @@ def run_report(run: RunData) -> str:
              "created": run.record.get("created"), "ended": run.record.get("ended"), "error": run.record.get("error")},
         banner={"text": banner[0].format(total=summary.get("steps_total", 0), id=run.id), "bad": banner[1]}
         if banner else None,
-        what_ran=_what_ran(run, summary), verdict=_verdict(diagnosis, verification),
+        what_ran=what_ran(run, summary), verdict=verdict_of(diagnosis, verification),
         summary_rows=console.summary_rows(run.record, summary, run.status), notes=summary.get("notes", []),
         written=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        **_tables(run, diagnosis, verification))
+        **run_tables(run, diagnosis, verification))

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import plotly.graph_objects as go
+
 from profiler import store
 from reports import figures_sweep, html
 from reports.figures_advice import settings_text
@@ -45,7 +47,7 @@ def _cell_text(cell: Mapping[str, Any]) -> str:
             f"{_range(cell.get('tokens_per_s'), ',.0f')} tokens/s, {_range(cell.get('peak_memory_gib'), '.3f')} GiB")
 
 
-def _best(sweep: Mapping[str, Any]) -> dict[str, str]:
+def best_cells(sweep: Mapping[str, Any]) -> dict[str, str]:
     measured = [c for c in sweep["cells"] if figures_sweep.measured(c)]
     if not measured:
         return {"fastest": "no cell measured yet", "smallest": "no cell measured yet", "front": "none yet"}
@@ -67,19 +69,29 @@ def _spec(sweep: Mapping[str, Any]) -> list[tuple[str, str]]:
             ("cells", f"{len(cells)}: {counts}")]
 
 
-def sweep_report(sweep: Mapping[str, Any], path: Path) -> str:
-    """The HTML report of a sweep record read from `path`."""
-    shown, missing = html.sections([
+def cell_rows(sweep: Mapping[str, Any]) -> list[list[Any]]:
+    """The cells table: index, settings, status, tokens/s and peak memory (median, low to high), runs."""
+    return [[c["index"], settings_text(c.get("settings") or {}), c.get("status"), _range(c.get("tokens_per_s"), ",.0f"),
+             _range(c.get("peak_memory_gib"), ".3f"), ", ".join(c.get("runs") or [])] for c in sweep["cells"]]
+
+
+def sweep_figures(sweep: Mapping[str, Any]) -> list[tuple[str, go.Figure | None, str]]:
+    """Every figure of a sweep's report in order: (name, figure or None, why it would be missing); the
+    HTML report and the dashboard show these."""
+    return [
         ("Ablation", figures_sweep.ablation(sweep), "no ablation computed"),
         ("Pareto front", figures_sweep.pareto(sweep), "no cell measured"),
-    ])
+    ]
+
+
+def sweep_report(sweep: Mapping[str, Any], path: Path) -> str:
+    """The HTML report of a sweep record read from `path`."""
+    shown, missing = html.sections(sweep_figures(sweep))
     return html.render(
         "sweep.html", title=f"glmperf: sweep {sweep['id']}", sections=shown, missing=missing,
         sweep={"id": sweep["id"], "status": sweep.get("status"), "created": sweep.get("created")}, path=str(path),
-        banner=BANNERS.get(str(sweep.get("status"))), best=_best(sweep), spec=_spec(sweep),
-        cells=[[c["index"], settings_text(c.get("settings") or {}), c.get("status"),
-                _range(c.get("tokens_per_s"), ",.0f"), _range(c.get("peak_memory_gib"), ".3f"),
-                ", ".join(c.get("runs") or [])] for c in sweep["cells"]],
+        banner=BANNERS.get(str(sweep.get("status"))), best=best_cells(sweep), spec=_spec(sweep),
+        cells=cell_rows(sweep),
         ablation=[[a["key"], str(a["value"]), str(a["reference"]), a["metric"], f"{a['change_pct']:+.1f}%",
                    _interval(a), a.get("pairs", "")]
                   for a in sweep.get("ablation") or []],
