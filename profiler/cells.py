@@ -13,10 +13,11 @@ record of them.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -38,6 +39,25 @@ class Cell:
     cfg: RunConfig
     links: Mapping[str, Any] = field(default_factory=dict)
     nproc: int = 1
+
+
+def _libc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _libc_trim()
+
+
+def release_memory() -> None:
+    """Free what earlier cells left behind and hand it back to the OS. On CPU a run's peak is the
+    process's RSS, and glibc keeps freed heap (its mmap threshold rises after large frees), so without
+    malloc_trim the memory at a cell's start and its peak would include the cells before it."""
+    gc.collect()
+    if _TRIM is not None:
+        _TRIM(0)
 
 
 def traced_once(cfg: RunConfig, repeat: int) -> RunConfig:
@@ -115,7 +135,7 @@ def run_cells(cells: Sequence[Cell], *, runs_dir: Path, progress: bool = True) -
         for i, cell in enumerate(cells):
             if bar is not None:
                 bar.start_cell(i, cell)
-            gc.collect()  # what the cell before left behind must not count in this one's memory
+            release_memory()  # what the cell before left behind must not count in this one's memory
             hooks = (bar,) if bar is not None and cell.nproc == 1 else ()
             run_dir = profile_run(cell.cfg, runs_dir=runs_dir, nproc=cell.nproc, progress=False, hooks=hooks,
                                   links=dict(cell.links))

@@ -9,9 +9,11 @@ import pytest
 
 from profiler import store
 from profiler.analysis import load_run
-from profiler.cells import run_cells
+from profiler.cells import Cell, run_cells
+from profiler.config import load_config
+from profiler.recommend import advise
 from profiler.verify import COMBINED, MIN_GAIN, judge_plan, runs_of, verify_plan
-from tests.conftest import glmperf, tiny_run
+from tests.conftest import TINY, glmperf, tiny_run
 
 
 def rec(settings: dict, judged_by: str = "tokens_per_s", risk: str = "none") -> dict:
@@ -53,7 +55,7 @@ def _verify(run_dir, recs, tmp_path, repeats=2, steps=14):
 @pytest.mark.slow
 def test_a_change_that_slows_training_is_refuted_and_one_that_changes_the_loss_is_changes_numerics(tmp_path):
     base = tiny_run(tmp_path / "base", "train.steps=14", "profile.trace=false")
-    slower = rec({"data.io_delay_ms": 40})  # batches arrive 40 ms late: no way that pays off
+    slower = rec({"data.io_delay_ms": 80})  # batches arrive 80 ms late: no way that pays off
     drift = rec({"train.lr": 0.03})  # ten times the learning rate: another loss curve
     result = _verify(base, [slower, drift], tmp_path / "cells")
     by_key = {json.dumps(r["set"]): r for r in result["results"]}
@@ -95,6 +97,32 @@ def test_verify_confirms_the_loader_fix_of_an_input_bound_run_and_stores_it(tmp_
     assert {r["status"] for r in linked} == {"completed"}
     shown = glmperf("recommend", "slow-input", "--runs-dir", str(runs_dir))
     assert "confirmed" in shown.stdout and "switches.dataloader.num_workers=2" in shown.stdout
+
+def _cell(runs_dir, *overrides):
+    """A tiny run as a plan's cell (memory this process held before released first)."""
+    cfg = load_config(preset="tiny", overrides=[*TINY, *overrides])
+    ((_, run_dir),) = run_cells([Cell("test", cfg)], runs_dir=runs_dir, progress=False)
+    return run_dir
+
+
+@pytest.mark.slow
+def test_the_top_memory_remedy_brings_the_peak_under_the_budget(tmp_path):
+    # activations dominate: 8 layers, 4096 tokens a step
+    shape = ("model.num_hidden_layers=8", "data.seq_len=128", "train.batch_size=32", "train.steps=12",
+             "profile.trace=false", "profile.warmup_steps=1")
+    free = load_run(_cell(tmp_path / "free", *shape))
+    budget = 0.97 * free.record["summary"]["peak_memory_bytes"] / 2**30
+    run = load_run(_cell(tmp_path / "tight", *shape, f"profile.memory_budget_gb={budget:.4f}"))
+    advice = advise(run)
+    assert advice["bottlenecks"][0]["kind"] == "memory_bound"
+    top = advice["recommendations"][0]
+    assert top["judged_by"] == "peak_memory"
+    plan = verify_plan(run, [top], repeats=1, steps=12)
+    done = list(run_cells(plan.cells, runs_dir=tmp_path / "cells", progress=False))
+    (result,) = judge_plan(plan, runs_of(plan, done), budget_gib=budget)["results"]
+    assert result["verdict"] == "confirmed", result
+    assert result["measured"]["under_budget"] and result["measured"]["cand"] <= budget
+
 
 def test_verify_refuses_too_few_steps_before_running(completed_run, tmp_path):
     proc = glmperf("recommend", str(completed_run), "--runs-dir", str(tmp_path), "--verify", "--steps", "3")
