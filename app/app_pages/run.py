@@ -1,0 +1,108 @@
+"""Run: one run's verdict, headline figures, recommendations with the commands that try them, the
+report's figures and tables, and downloads; a running run refreshes itself as its steps are flushed."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import data, widgets
+from profiler import console
+from profiler.metrics import METRIC_BY_NAME
+from reports import report_run
+from reports.figures_advice import settings_text, verified
+
+REFRESH_S = 2.0
+"""How often a running run's page reads it again (runs flush every profile.flush_interval_s, 2 s)."""
+HEADLINE = ("tokens_per_s", "step_time_p50", "peak_memory", "mfu")
+
+
+def _verdict(view: data.RunView) -> None:
+    verdict = report_run.verdict_of(view.diagnosis, view.verification)
+    st.subheader("Verdict")
+    st.markdown(f"**Diagnosis:** {verdict['text']}")
+    if verdict["bottleneck"]:
+        b = verdict["bottleneck"]
+        st.markdown(f"**Top bottleneck:** {b['kind']} (explains {b['explains']}): {b['message']}")
+    for col, name in zip(st.columns(len(HEADLINE)), HEADLINE, strict=True):
+        col.metric(METRIC_BY_NAME[name].label, data.fmt_metric(name, view.summary))
+
+
+def _recommendations(view: data.RunView) -> None:
+    recs = view.diagnosis.get("recommendations") or []
+    st.subheader("Recommendations")
+    if not recs:
+        st.caption("No recommendation: nothing in the catalog addresses what was found here and can run on this "
+                   "device." if view.diagnosis else "Not diagnosed: the run has no counted step yet.")
+        return
+    for rec in recs:
+        st.markdown(f"**{settings_text(rec['set'])}** (for {rec.get('for', '')}; risk: {rec.get('risk', '')})  \n"
+                    f"expected: {console.expected_text(rec)}  \n"
+                    f"verified: {report_run.verified_text(verified(rec, view.verification))}")
+        st.code(rec["command"], language="bash")
+    st.page_link("app_pages/recommend.py", label="Verify these by rerunning", query_params={"run": view.run.id})
+
+
+def _downloads(view: data.RunView) -> None:
+    run = view.run
+    traces = data.trace_paths(run.path)
+    cols = st.columns(1 + len(traces))
+    cols[0].download_button("HTML report", lambda: data.report_html(run.path), file_name=f"{run.id}-report.html",
+                            mime="text/html", on_click="ignore")
+    for col, path in zip(cols[1:], traces, strict=True):
+        col.download_button(f"trace {path.name}", lambda p=path: data.file_bytes(p), file_name=f"{run.id}-{path.name}",
+                            mime="application/gzip", on_click="ignore")
+
+
+def _tables(view: data.RunView) -> None:
+    run = view.run
+    tables = report_run.run_tables(run, view.diagnosis, view.verification)
+    with st.expander("Summary and what ran"):
+        widgets.table(console.summary_rows(run.record, view.summary, run.status), ["figure", "value"])
+        for note in view.summary.get("notes", []):
+            st.caption(f"note: {note}")
+        widgets.table(report_run.what_ran(run, view.summary), ["what", "value"])
+    if tables["bottlenecks"]:
+        with st.expander("Bottlenecks"):
+            widgets.table(tables["bottlenecks"], ["bottleneck", "explains", "what was found", "rule", "evidence"])
+    with st.expander("Ranks, environment and config"):
+        widgets.table(tables["ranks"], ["rank", "status", "host", "pid", "error"])
+        widgets.table(tables["environment"], ["environment", "value"])
+        widgets.table(tables["config"], ["config", "value"])
+
+
+def _show(view: data.RunView) -> None:
+    if view.error:
+        st.error(view.error)
+        return
+    run = view.run
+    st.header(run.id)
+    st.caption(f"{run.status} · name {run.record.get('name')} · created {run.record.get('created')}"
+               + (f" · ended {run.record['ended']}" if run.record.get("ended") else "") + f" · `{run.path}`")
+    widgets.run_state(view)
+    _verdict(view)
+    _recommendations(view)
+    _downloads(view)
+    st.subheader("Figures")
+    widgets.figures(view.figures, key="run")
+    _tables(view)
+
+
+runs_dir = data.runs_dir()
+st.title("Run")
+runs = data.records(runs_dir)
+if widgets.no_runs(runs_dir, runs):
+    st.stop()
+run_id = widgets.pick_run([str(r["id"]) for r in runs], label="Run", key="run")
+first = data.run_view(run_id, runs_dir)
+
+
+@st.fragment(run_every=REFRESH_S if first.status == "running" else None)
+def live() -> None:
+    """The page's body, read again every REFRESH_S while the run runs."""
+    view = data.run_view(run_id, runs_dir)
+    if view.status != first.status:
+        st.rerun()  # it ended (or was killed): stop refreshing
+    _show(view)
+
+
+live()

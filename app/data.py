@@ -1,0 +1,243 @@
+"""The dashboard's data: cached loaders over the runs directory that call `profiler` and `reports` only.
+
+Each loader is keyed on a stamp of the files it reads (the modification times of run.json, the
+tables, events.jsonl and the live `parts/` folder), so a running run, whose ranks add part files
+every `profile.flush_interval_s`, is read again as it grows, and an unchanged one comes from the
+cache. Entries also expire after LIVE_TTL_S: a run whose process was killed changes no file, yet
+reads as `incomplete` once its entry is read again.
+
+Nothing here raises for a bad run: what cannot be read comes back as an `error` to show.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from optimizers.config import ConfigError
+from profiler import console, store
+from profiler.analysis import RunData, load_run, summary_of
+from profiler.compare_cli import load_side
+from profiler.compare_gate import GateError, make_gate
+from profiler.compare_runs import Comparison, compare
+from profiler.metrics import METRIC_BY_NAME, lookup
+from reports import report_compare, report_run, report_sweep
+
+STAMPED = ("run.json", "steps.parquet", "samples.parquet", "ops.parquet", "events.jsonl", "parts")
+LIVE_TTL_S = 30
+LIVE = ("running",)
+"""Statuses of a run that still writes: its summary is computed from the flushed steps."""
+METRIC_COLUMNS = {"tokens/s": "tokens_per_s", "step p50 (ms)": "step_time_p50", "peak memory (GiB)": "peak_memory",
+                  "MFU (%)": "mfu"}
+Figures = list[tuple[str, go.Figure | None, str]]
+
+
+def runs_dir() -> Path:
+    """The runs directory every page reads: $GLMPERF_RUNS (set by `glmperf dashboard`), else ./runs."""
+    return store.default_runs_dir().resolve()
+
+
+def stamp(run_dir: Path) -> tuple[int, ...]:
+    """What changes when a run's files change: their modification times (0 for a file not there)."""
+    out = []
+    for name in STAMPED:
+        try:
+            out.append((run_dir / name).stat().st_mtime_ns)
+        except OSError:
+            out.append(0)
+    return tuple(out)
+
+
+def _stamps(runs_dir: Path) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    if not runs_dir.is_dir():
+        return ()
+    return tuple((p.name, stamp(p)) for p in sorted(runs_dir.iterdir()) if p.is_dir())
+
+
+@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
+def _records(runs_dir: str, stamps: tuple[Any, ...]) -> list[dict[str, Any]]:
+    records = store.list_runs(Path(runs_dir))
+    for r in records:  # a live run has no stored summary yet: compute it from what was flushed
+        if r.get("status") in LIVE:
+            r["summary"] = _live_summary(r["path"], stamp(Path(r["path"])))
+    return records
+
+
+@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
+def _live_summary(path: str, run_stamp: tuple[int, ...]) -> dict[str, Any]:
+    try:
+        return summary_of(load_run(path))
+    except store.StoreError:
+        return {}
+
+
+def records(runs_dir: Path) -> list[dict[str, Any]]:
+    """Every run's record (`store.list_runs`: newest first, corrupt ones with their `problems`)."""
+    return _records(str(runs_dir), _stamps(runs_dir))
+
+
+def _switches_changed(record: dict[str, Any]) -> str:
+    try:
+        changed = report_run.preset_changes(record.get("config") or {}, int(record.get("world_size") or 1))
+    except ConfigError:
+        return "preset not known"
+    return ", ".join(c for c in changed if c.startswith("switches.")) or "none"
+
+
+def _row(r: dict[str, Any]) -> dict[str, Any]:
+    summary = r.get("summary") or {}
+    bottlenecks = (r.get("diagnosis") or {}).get("bottlenecks") or []
+    row = {"run": r.get("id"), "name": r.get("name", ""), "status": r.get("status"),
+           "created": pd.to_datetime(r.get("created"), utc=True, errors="coerce"),
+           "preset": str(lookup(r.get("config") or {}, "model.preset") or ""),
+           "switches changed": _switches_changed(r) if r.get("config") else ""}
+    row |= {label: METRIC_BY_NAME[name].value(summary) for label, name in METRIC_COLUMNS.items()}
+    row["top bottleneck"] = bottlenecks[0]["kind"] if bottlenecks else ""
+    row["note"] = "; ".join(r.get("problems") or []) or str(r.get("error") or "")
+    row["open"] = f"run?run={r.get('id')}"
+    return row
+
+
+def runs_table(runs: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """One row per run: what the Runs page lists (metrics in their registry units, NaN when not measured)."""
+    return pd.DataFrame([_row(r) for r in runs], columns=["run", "name", "status", "created", "preset",
+                                                        "switches changed", *METRIC_COLUMNS, "top bottleneck",
+                                                        "note", "open"])
+
+
+def completed_ids(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """The runs a comparison or a verification can use, newest first."""
+    return [str(r["id"]) for r in runs if r.get("status") == "completed"]
+
+
+def linked_runs(runs: Sequence[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+    """The runs made to verify `run_id` (run.json `verifies.run`), oldest first."""
+    return [r for r in reversed(runs) if (r.get("verifies") or {}).get("run") == run_id]
+
+
+@dataclass(frozen=True)
+class RunView:
+    """One run as the Run page shows it, or why it cannot be read."""
+
+    path: Path
+    error: str = ""
+    run: RunData | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    diagnosis: dict[str, Any] = field(default_factory=dict)
+    figures: Figures = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return self.run.status if self.run is not None else "corrupt"
+
+    @property
+    def verification(self) -> dict[str, Any] | None:
+        return (self.run.record.get("diagnosis") or {}).get("verification") if self.run is not None else None
+
+
+@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
+def _run_view(path: str, run_stamp: tuple[int, ...]) -> RunView:
+    try:
+        run = load_run(path)
+    except store.StoreError as exc:
+        return RunView(Path(path), error=str(exc))
+    if run.problems:
+        return RunView(Path(path), error=f"run {run.id} is corrupt: {'; '.join(run.problems)}", run=run)
+    summary = summary_of(run)
+    diagnosis = report_run.diagnosis_of(run, summary)
+    verification = (run.record.get("diagnosis") or {}).get("verification")
+    return RunView(Path(path), run=run, summary=summary, diagnosis=diagnosis,
+                   figures=report_run.run_figures(run, summary, diagnosis, verification))
+
+
+def run_view(run_id: str, runs_dir: Path) -> RunView:
+    """The run a page names (an id, a name or a directory), read as it is now."""
+    try:
+        path = store.resolve_run(run_id, runs_dir)
+    except store.StoreError as exc:
+        return RunView(runs_dir / run_id, error=str(exc))
+    return _run_view(str(path), stamp(path))
+
+
+def report_html(path: Path) -> str:
+    """The run's HTML report, written now (what `glmperf report RUN` writes)."""
+    return report_run.run_report(load_run(path))
+
+
+def trace_paths(path: Path) -> list[Path]:
+    """The run's chrome traces (traces/rank<r>.json.gz), for download."""
+    return sorted((path / "traces").glob("rank*.json.gz"))
+
+
+def file_bytes(path: Path) -> bytes:
+    return path.read_bytes()
+
+
+@dataclass(frozen=True)
+class CompareView:
+    """A comparison as the Compare page shows it, or why it cannot be made."""
+
+    error: str = ""
+    comparison: Comparison | None = None
+    figures: Figures = field(default_factory=list)
+
+
+@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
+def _compare_view(runs_dir: str, base: tuple[str, ...], cand: tuple[str, ...], stamps: tuple[Any, ...]
+                  ) -> CompareView:
+    try:
+        b, c = load_side(list(base), Path(runs_dir)), load_side(list(cand), Path(runs_dir))
+        result = compare(b, c, make_gate())
+    except (store.StoreError, GateError, ValueError) as exc:
+        return CompareView(error=str(exc))
+    return CompareView(comparison=result, figures=report_compare.compare_figures(b, c, result))
+
+
+def compare_view(runs_dir: Path, base: Sequence[str], cand: Sequence[str]) -> CompareView:
+    """Baseline runs vs candidate runs with the default gate, as `glmperf compare` makes it."""
+    return _compare_view(str(runs_dir), tuple(base), tuple(cand), _stamps(runs_dir))
+
+
+def compare_html(runs_dir: Path, base: Sequence[str], cand: Sequence[str]) -> str:
+    """The comparison's HTML report, written now (what `glmperf report --compare` writes)."""
+    b, c = load_side(list(base), runs_dir), load_side(list(cand), runs_dir)
+    return report_compare.compare_report(b, c, compare(b, c, make_gate()))
+
+
+def _plan_stamps(runs_dir: Path, kind: str) -> tuple[tuple[str, int], ...]:
+    folder = runs_dir / store.PLAN_KINDS[kind]
+    return tuple((str(p), p.stat().st_mtime_ns) for p in sorted(folder.glob(f"*/{kind}.json"))) \
+        if folder.is_dir() else ()
+
+
+@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
+def _sweeps(runs_dir: str, stamps: tuple[tuple[str, int], ...]) -> list[dict[str, Any]]:
+    out = []
+    for path, _ in stamps:
+        try:
+            _, sweep = report_sweep.read_sweep(Path(path).parent, Path(runs_dir))
+        except store.StoreError as exc:
+            out.append({"id": Path(path).parent.name, "created": "", "error": str(exc)})
+            continue
+        out.append({"id": sweep["id"], "created": sweep.get("created") or "", "record": sweep,
+                    "figures": report_sweep.sweep_figures(sweep), "best": report_sweep.best_cells(sweep),
+                    "cells": report_sweep.cell_rows(sweep)})
+    return sorted(out, key=lambda s: s["created"], reverse=True)
+
+
+def sweeps(runs_dir: Path) -> list[dict[str, Any]]:
+    """Every sweep record, newest first, with its figures and tables (or the `error` that hides them)."""
+    return _sweeps(str(runs_dir), _plan_stamps(runs_dir, "sweep"))
+
+
+def fmt_metric(name: str, summary: dict[str, Any]) -> str:
+    """A summary figure in its registry unit and digits, as the report's table prints it."""
+    m = METRIC_BY_NAME[name]
+    value = console.fmt(m.value(summary), m.digits)
+    return value if value == "n/a" else f"{value} {m.unit}".strip()
