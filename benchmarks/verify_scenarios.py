@@ -12,9 +12,12 @@ measured change lies in the expected range (a stability remedy has none).
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from benchmarks.common import header, mode_label, table, write_result
 from benchmarks.diagnosis_scenarios import SCENARIOS, Scenario
@@ -70,6 +73,9 @@ def main() -> None:
     mode = mode_label(args, ["repeats", "steps", "only"])
     repeats = args.repeats or (2 if args.quick else 3)
     steps = args.steps or (16 if args.quick else 24)
+    # one torch thread, as the diagnosis scenarios run (their subprocesses get OMP_NUM_THREADS=1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
     chosen = [s for s in SCENARIOS if not s.skip and (not args.only or s.name in args.only)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -102,6 +102,16 @@ def _half(dtype: str, speedup: str, requires: Capability) -> Candidate:
              "fp16 runs with a GradScaler: watch skipped steps while the scale settles")
 
 
+_FP32 = Candidate(
+    set={"switches.amp.dtype": "off"},
+    effects=(Effect("forward", "shrinks", *_MATMUL_SHARE, scales_with="run_dtype_speedup", basis=_MATMUL_BASIS),
+             Effect("backward", "shrinks", *_MATMUL_SHARE, scales_with="run_dtype_speedup", basis=_MATMUL_BASIS),
+             Effect("peak_memory", "grows", 0.25, 0.55, basis="the inverse of amp=bf16's -20..-35%")),
+    risk="numerics", applies=lambda c: c.dtype != "off",
+    note="fp32 matmuls: the fast path of a device without native low-precision ones")
+"""Back to fp32 where the run's dtype is emulated (slower than fp32 at the run's own shapes)."""
+
+
 OPTIMIZATION = Optimization(
     name="amp",
     config=AmpConfig,
@@ -119,5 +129,5 @@ OPTIMIZATION = Optimization(
     needs="bf16: a CPU or a CUDA GPU with compute capability >= 8.0; fp16: CUDA (or CPU, slowly)",
     checks=(_check_device,),
     candidates=(_half("bf16", "bf16_matmul_speedup", Capability.FAST_BF16_MATMUL),
-                _half("fp16", "fp16_matmul_speedup", Capability.FAST_FP16_MATMUL)),
+                _half("fp16", "fp16_matmul_speedup", Capability.FAST_FP16_MATMUL), _FP32),
 )

@@ -30,6 +30,9 @@ SCALES_WITH = {
     "fp16_matmul_speedup": "as bf16_matmul_speedup, for fp16",
     "attention_share": "the attention operators' measured share a of the target: low..high is the fraction of "
                        "the attention time removed or added, and the fraction is a x that",
+    "run_dtype_speedup": "the measured speedup s of the run's own low-precision dtype over fp32 at the run's "
+                         "shapes (s < 1: slower): low..high is the matmul share of the target, and going back "
+                         "to fp32 removes that share x (1 - s)",
 }
 """Measured figures an effect's fraction may depend on, and how."""
 

@@ -81,6 +81,11 @@ def _fraction(effect: Effect, figures: Figures) -> tuple[float, float]:
         share = v(figures, "matmul_share") / 100  # measured; the catalog's range is the prior
         low, high = (0.8 * share, share) if not math.isnan(share) else (effect.low, effect.high)
         return low * (1 - 1 / speedup), high * (1 - 1 / speedup)
+    if effect.scales_with == "run_dtype_speedup":
+        speedup, share = v(figures, "run_dtype_speedup"), v(figures, "matmul_share") / 100
+        if math.isnan(speedup) or math.isnan(share) or speedup >= 1:
+            return 0.0, 0.0  # fp32 already, or its dtype is the faster one: nothing to win back
+        return 0.8 * share * (1 - speedup), share * (1 - speedup)
     if effect.scales_with == "attention_share":
         return effect.fraction({"attention_share": v(figures, "attention_share") / 100})
     low, high = effect.fraction({})

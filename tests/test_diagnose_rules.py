@@ -130,6 +130,18 @@ def test_a_speedup_effect_uses_the_measured_matmul_share_and_peak_ratio() -> Non
     assert tps["low"] == pytest.approx(100 * (1 / (1 - 0.4 * 0.5) - 1))
 
 
+def test_back_to_fp32_wins_back_what_the_emulated_dtype_loses_and_nothing_where_it_is_faster() -> None:
+    from optimizers.amp import _FP32
+
+    slow = figures(share__forward=40.0, share__backward=60.0, matmul_share=50.0, run_dtype_speedup=0.25)
+    tps = expected(_FP32, slow)["tokens_per_s"]
+    # matmuls, half the step, run at 0.25x fp32: back in fp32 they lose 75% of their time
+    assert tps["high"] == pytest.approx(100 * (1 / (1 - 0.5 * 0.75) - 1))
+    assert tps["low"] == pytest.approx(100 * (1 / (1 - 0.4 * 0.75) - 1))
+    fast = figures(share__forward=40.0, share__backward=60.0, matmul_share=50.0, run_dtype_speedup=1.5)
+    assert expected(_FP32, fast)["tokens_per_s"]["high"] == pytest.approx(0.0)
+
+
 def test_every_bottleneck_kind_has_a_rule() -> None:
     assert {str(r.kind) for r in (*d.RULES, d.COMPUTE_RULE)} == {str(k) for k in Bottleneck}
 
