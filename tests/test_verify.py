@@ -87,16 +87,18 @@ def test_verify_confirms_the_loader_fix_of_an_input_bound_run_and_stores_it(tmp_
     out = json.loads(proc.stdout)
     (top,) = out["verification"]["results"]
     assert top["set"] == {"switches.dataloader.num_workers": 2}
-    assert top["verdict"] == "confirmed", top
+    # other processes busy on the cores could explain a gain: compare then says so instead of confirming
+    assert top["verdict"] == "confirmed" or top["reason"].startswith("the machine was busy"), top
+    assert top["measured"]["low_pct"] > 0
     shares = top["measured"]["shares"]
     assert shares["candidate"]["data"] <= shares["baseline"]["data"] / 2
     stored = store.read_run(run_dir)["diagnosis"]["verification"]
-    assert stored["results"][0]["verdict"] == "confirmed"
+    assert stored["results"][0]["verdict"] == top["verdict"]
     linked = [r for r in store.list_runs(runs_dir) if (r.get("verifies") or {}).get("run") == run_dir.name]
     assert sorted(r["verifies"]["trial"] for r in linked) == ["baseline", "baseline", "dataloader", "dataloader"]
     assert {r["status"] for r in linked} == {"completed"}
     shown = glmperf("recommend", "slow-input", "--runs-dir", str(runs_dir))
-    assert "confirmed" in shown.stdout and "switches.dataloader.num_workers=2" in shown.stdout
+    assert top["verdict"] in shown.stdout and "switches.dataloader.num_workers=2" in shown.stdout
 
 def _cell(runs_dir, *overrides):
     """A tiny run as a plan's cell (memory this process held before released first)."""
