@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -23,11 +23,11 @@ import streamlit as st
 from optimizers.config import ConfigError
 from profiler import console, store
 from profiler.analysis import RunData, load_run, summary_of
-from profiler.compare_cli import load_side
-from profiler.compare_gate import GateError, make_gate
-from profiler.compare_runs import Comparison, compare
 from profiler.metrics import METRIC_BY_NAME, lookup
-from reports import report_compare, report_run, report_sweep
+from reports import report_run, report_sweep
+
+if TYPE_CHECKING:
+    from profiler.compare_runs import Comparison
 
 STAMPED = ("run.json", "steps.parquet", "samples.parquet", "ops.parquet", "events.jsonl", "parts")
 LIVE_TTL_S = 30
@@ -191,6 +191,11 @@ class CompareView:
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
 def _compare_view(runs_dir: str, base: tuple[str, ...], cand: tuple[str, ...], stamps: tuple[Any, ...]
                   ) -> CompareView:
+    from profiler.compare_cli import load_side  # scipy: only once a comparison is asked for
+    from profiler.compare_gate import GateError, make_gate
+    from profiler.compare_runs import compare
+    from reports import report_compare
+
     try:
         b, c = load_side(list(base), Path(runs_dir)), load_side(list(cand), Path(runs_dir))
         result = compare(b, c, make_gate())
@@ -206,6 +211,11 @@ def compare_view(runs_dir: Path, base: Sequence[str], cand: Sequence[str]) -> Co
 
 def compare_html(runs_dir: Path, base: Sequence[str], cand: Sequence[str]) -> str:
     """The comparison's HTML report, written now (what `glmperf report --compare` writes)."""
+    from profiler.compare_cli import load_side
+    from profiler.compare_gate import make_gate
+    from profiler.compare_runs import compare
+    from reports import report_compare
+
     b, c = load_side(list(base), runs_dir), load_side(list(cand), runs_dir)
     return report_compare.compare_report(b, c, compare(b, c, make_gate()))
 

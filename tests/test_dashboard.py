@@ -58,6 +58,7 @@ def page(runs_dir: Path, monkeypatch: pytest.MonkeyPatch, name: str = "runs", **
     at.query_params.update(params)
     at.switch_page(f"app_pages/{name}.py").run()
     assert not at.exception, [e.value for e in at.exception]
+    assert at.main[0].type == "title", at.main[0]  # no stray text (a page's bare string is shown) above it
     return at
 
 

@@ -55,12 +55,14 @@ def _verify(run_id: str) -> None:
         busy = True
     if job is None:
         return
-
-    @st.fragment(run_every=REFRESH_S if busy else None)
-    def progress() -> None:
-        """Read again every REFRESH_S while the verification runs; the whole page once it ends."""
+    if not busy:
         _progress(run_id, job)
-        if busy and not job.running:
+        return
+
+    @st.fragment(run_every=REFRESH_S)
+    def progress() -> None:  # read again every REFRESH_S while it runs; the whole page once it ends
+        _progress(run_id, job)
+        if not job.running:
             st.rerun()
 
     progress()

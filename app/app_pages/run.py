@@ -11,8 +11,7 @@ from profiler.metrics import METRIC_BY_NAME
 from reports import report_run
 from reports.figures_advice import settings_text, verified
 
-REFRESH_S = 2.0
-"""How often a running run's page reads it again (runs flush every profile.flush_interval_s, 2 s)."""
+REFRESH_S = 2.0  # how often a running run's page reads it again (runs flush every 2 s by default)
 HEADLINE = ("tokens_per_s", "step_time_p50", "peak_memory", "mfu")
 
 
@@ -96,13 +95,14 @@ run_id = widgets.pick_run([str(r["id"]) for r in runs], label="Run", key="run")
 first = data.run_view(run_id, runs_dir)
 
 
-@st.fragment(run_every=REFRESH_S if first.status == "running" else None)
-def live() -> None:
-    """The page's body, read again every REFRESH_S while the run runs."""
-    view = data.run_view(run_id, runs_dir)
-    if view.status != first.status:
-        st.rerun()  # it ended (or was killed): stop refreshing
-    _show(view)
+if first.status == "running":
+    @st.fragment(run_every=REFRESH_S)
+    def live() -> None:  # the page's body, read again every REFRESH_S while the run runs
+        view = data.run_view(run_id, runs_dir)
+        if view.status != first.status:
+            st.rerun()  # it ended (or was killed): the whole page, which stops refreshing
+        _show(view)
 
-
-live()
+    live()
+else:
+    _show(first)

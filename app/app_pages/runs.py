@@ -7,9 +7,9 @@ import streamlit as st
 from app import data, widgets
 from profiler.metrics import METRIC_BY_NAME
 
+# sort key -> ascending: newest first, and each metric best first (its registry direction)
 SORTS = {"created": False, "name": True, "status": True,
          **{label: METRIC_BY_NAME[name].better == "lower" for label, name in data.METRIC_COLUMNS.items()}}
-"""Sort key -> ascending: newest first, and each metric best first (its registry direction)."""
 
 runs_dir = data.runs_dir()
 st.title("Runs")

@@ -1,0 +1,99 @@
+"""`glmperf dashboard` served for real and loaded in a headless Chromium (Debian's package, which .ci/run
+installs): each page's rendered DOM holds its heading, the runs and a drawn plotly figure; a
+screenshot of each is saved under the test's temp dir."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, copy_run
+
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--virtual-time-budget=15000", "--window-size=1400,3000"]
+RUNNING = 'aria-label="Running..."'
+"""The status widget while the page's script still runs."""
+CLI = "import sys; from profiler.cli import main; sys.exit(main())"
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def chromium(url: str, *args: str) -> str:
+    done = subprocess.run([str(CHROMIUM), *FLAGS, *args, url], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def rendered(url: str, tries: int = 6) -> str:
+    """The page's DOM once its script run finished. Chromium's virtual time gives a page little real
+    time, and a page whose data is not cached yet takes longer than that to compute: the first load
+    of each page computes it, a later one renders it from the cache."""
+    for _ in range(tries):
+        dom = chromium(url, "--dump-dom")
+        if RUNNING not in dom:
+            return dom
+    return dom
+
+
+@pytest.fixture
+def dashboard(tmp_path: Path, completed_run: Path, failed_run: Path, two_rank_run: Path):
+    """A running `glmperf dashboard` over a copy of three runs; yields its URL and the runs' ids."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    ids = [copy_run(r, runs).name for r in (completed_run, failed_run, two_rank_run)]
+    port = free_port()
+    log = (tmp_path / "dashboard.log").open("wb")
+    server = subprocess.Popen([sys.executable, "-c", CLI, "dashboard", "--runs-dir", str(runs), "--port", str(port)],
+                              cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://localhost:{port}"
+    deadline = time.time() + 90
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).close()
+            break
+        except OSError:
+            assert server.poll() is None and time.time() < deadline, (tmp_path / "dashboard.log").read_text()
+            time.sleep(0.5)
+    chromium(url, "--dump-dom")  # a fresh server's first page shows only placeholders
+    try:
+        yield url, ids
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
+def test_every_page_renders_in_chromium(dashboard: tuple[str, list[str]], tmp_path: Path) -> None:
+    url, (done, failed, two) = dashboard
+    pages = {"runs": (url, "Runs", [done, failed, two]),
+             "run": (f"{url}/run?run={done}", "Run", [done]),
+             "failed": (f"{url}/run?run={failed}", "Run", [failed, "failed after"]),
+             "compare": (f"{url}/compare?base={done}&cand={two}", "Compare", [done, two, "Verdict:"]),
+             "recommend": (f"{url}/recommend?run={done}", "Recommend", [done, "Verify by rerunning"])}
+    for name, (address, heading, expected) in pages.items():
+        dom = rendered(address)
+        assert RUNNING not in dom, name
+        assert f'<h1 id="{heading.lower()}"' in dom, name
+        for text in expected:
+            assert text in dom, (name, text)
+        if name != "runs":
+            assert 'class="main-svg"' in dom, name  # plotly drew a figure
+        else:
+            assert 'data-testid="stDataFrame"' in dom and 'role="gridcell"' in dom, name  # the runs table
+        assert "Traceback" not in dom and 'data-testid="stException"' not in dom, name
+        chromium(address, f"--screenshot={tmp_path / f'{name}.png'}")
+        assert (tmp_path / f"{name}.png").stat().st_size > 10_000, name
