@@ -139,12 +139,13 @@ class Tuner:
                      "bottlenecks": [b["kind"] for b in advice["bottlenecks"]], "tried": rec["set"],
                      "for": rec["for"], "expected": rec["expected"], "result": result,
                      "decision": "adopted" if take else "refused", "why": why}
+            # the next diagnosis reads the first repeat: the one traced, with the operators its rules need
             if take:
                 current = plan.trials[-1].cfg
                 adopted.append(dict(rec["set"]))
-                newest = runs[plan.trials[-1].label][-1]
+                newest = runs[plan.trials[-1].label][0]
             else:
-                newest = runs["baseline"][-1]
+                newest = runs["baseline"][0]
             self.record["rounds"].append(entry)
             self._save(adopted=adopted)
             if self.on_round:
