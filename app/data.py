@@ -172,7 +172,7 @@ def report_html(path: Path) -> str:
 
 def trace_paths(path: Path) -> list[Path]:
     """The run's chrome traces (traces/rank<r>.json.gz), for download."""
-    return sorted((path / "traces").glob("rank*.json.gz"))
+    return store.trace_paths(path)
 
 
 def file_bytes(path: Path) -> bytes:

@@ -15,7 +15,7 @@ CUDA, the host's on CPU).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -25,7 +25,7 @@ from profiler.analysis import RunData, operators, summary_of
 from profiler.analysis.steps import merge_ranks, steady_steps
 from profiler.compare import Estimate, Options, Parity, compare_series, discount_contention, loss_parity
 from profiler.compare_gate import DEFAULT_REPORTED, LOSS_PARITY, Gate, Threshold
-from profiler.metrics import METRIC_BY_NAME, PHASES
+from profiler.metrics import METRIC_BY_NAME, PHASES, flatten
 
 TOP_OPS = 5
 """Metrics the machine's speed and other processes cannot move (the rest are speeds)."""
@@ -103,18 +103,6 @@ class Comparison:
             return "regressed"
         gated = {m.estimate.verdict for m in self.metrics if m.threshold.gated}
         return next((v for v in ("inconclusive", "improved") if v in gated), "unchanged")
-
-
-def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
 
 
 def _settings(run: RunData) -> dict[str, dict[str, Any]]:

@@ -54,6 +54,18 @@ def lookup(data: Mapping[str, Any], path: str) -> Any:
     return node
 
 
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
 @dataclass(frozen=True)
 class Metric:
     """A figure of a run: its name (the key users type), unit, good direction and how to read it."""

@@ -356,6 +356,11 @@ def report_path(run_dir: Path) -> Path | None:
     return path if path.is_file() else None
 
 
+def trace_paths(run_dir: Path) -> list[Path]:
+    """The run's chrome traces, one per rank (traces/rank<r>.json.gz)."""
+    return sorted((run_dir / "traces").glob("rank*.json.gz"))
+
+
 def rank_status_path(run_dir: Path, rank: int) -> Path:
     return run_dir / "parts" / f"status-r{rank}.json"
 

@@ -16,9 +16,8 @@ import plotly.graph_objects as go
 from optimizers.config import ConfigError
 from profiler import console
 from profiler.analysis import RunData, summary_of
-from profiler.compare_runs import flatten
 from profiler.config import load_config
-from profiler.metrics import lookup
+from profiler.metrics import flatten, lookup
 from reports import figures_advice, figures_machine, figures_run, html
 
 BANNERS = {
