@@ -15,13 +15,16 @@ from tests.conftest import TINY, glmperf
 @pytest.mark.slow
 def test_tune_on_tiny_ends_in_a_proven_config_within_budget_with_a_complete_record(tmp_path):
     runs_dir = tmp_path / "runs"
-    overrides = [a for o in TINY + ["profile.trace_window=[1, 1, 2]"] for a in ("--set", o)]
+    # a 30 ms loader delay: a bottleneck with a sure remedy, so tune has at least one round to run
+    extra = ["profile.trace_window=[1, 1, 2]", "data.io_delay_ms=30"]
+    overrides = [a for o in TINY + extra for a in ("--set", o)]
     proc = glmperf("tune", "--preset", "tiny", *overrides, "--steps", "14", "--repeats", "2", "--max-rounds", "2",
                    "--memory-budget-gb", "64", "--runs-dir", str(runs_dir), "--no-progress", "--json")
     assert proc.returncode == 0, proc.stderr
     record = json.loads(proc.stdout)
     assert record["status"] == "completed" and record["stopped"]
     assert 1 <= len(record["rounds"]) <= 2
+    assert record["rounds"][0]["tried"] == {"switches.dataloader.num_workers": 2}
     run_ids = {r["id"] for r in store.list_runs(runs_dir)}
     for entry in record["rounds"]:
         assert entry["diagnosed_run"] in run_ids
@@ -35,8 +38,7 @@ def test_tune_on_tiny_ends_in_a_proven_config_within_budget_with_a_complete_reco
     assert record["adopted"] == adopted
     tuned = load_config(config=Path(record["tuned_config"]))
     assert tuned.to_dict() == record["tuned"]["config"]
-    start = load_config(preset="tiny", overrides=[*TINY, "profile.trace_window=[1, 1, 2]", "train.steps=14",
-                                                  "profile.memory_budget_gb=64"])
+    start = load_config(preset="tiny", overrides=[*TINY, *extra, "train.steps=14", "profile.memory_budget_gb=64"])
     expected = load_config(base=start.to_dict(), overrides=[f"{k}={v}" for s in adopted for k, v in s.items()])
     assert tuned.to_dict() == expected.to_dict()
     assert record["tuned"]["end"]["peak_memory_gib"] <= 64
