@@ -24,6 +24,10 @@ from profiler.run import profile_run
 from reference_model.trainer import StepRecord, TrainerHook
 
 ROOT = Path(__file__).resolve().parent.parent
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # a suite started as a background job inherits SIGINT ignored, and so would every run it starts:
+    # the Ctrl-C tests would then test nothing; a handler (not SIG_IGN) is reset to default in children
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 TINY = ["data.corpus=synthetic", "data.seq_len=32", "train.batch_size=4", "profile.trace_window=[1, 1, 2]",
         "profile.sample_hz=20", "profile.flush_interval_s=0.2", "profile.warmup_steps=1"]
 """Overrides that make a `tiny` run take a second or two and flush often."""
