@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -140,8 +140,8 @@ class Tuner:
                      "for": rec["for"], "expected": rec["expected"], "result": result,
                      "decision": "adopted" if take else "refused", "why": why}
             # the next diagnosis reads the first repeat: the one traced, with the operators its rules need
-            if take:
-                current = plan.trials[-1].cfg
+            if take:  # the candidate's config, under the name the tuning started with
+                current = replace(plan.trials[-1].cfg, name=spec.start.name)
                 adopted.append(dict(rec["set"]))
                 newest = runs[plan.trials[-1].label][0]
             else:
