@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -132,6 +133,21 @@ def parse_override(text: str) -> tuple[str, Any]:
     except yaml.YAMLError:
         value = raw
     return key.strip(), value
+
+
+def value_text(value: Any) -> str:
+    """A setting's value as a user types it after `--set key=` (what parse_override reads back)."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def override_texts(settings: Mapping[str, Any]) -> list[str]:
+    """`{"switches.amp.dtype": "bf16"}` -> `["switches.amp.dtype=bf16"]`, as `--set` takes them."""
+    return [f"{k}={value_text(v)}" for k, v in settings.items()]
+
+
+def settings_text(settings: Mapping[str, Any]) -> str:
+    """A change of settings on one line, as a user types it: `switches.amp.dtype=bf16 train.lr=0.01`."""
+    return " ".join(override_texts(settings))
 
 
 def read_yaml(path: Path) -> dict[str, Any]:

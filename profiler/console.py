@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from profiler import store
+from profiler.config import settings_text
 from profiler.metrics import METRIC_BY_NAME, PHASES, Metric
 
 HEADLINE = ("tokens_per_s", "step_time_p50", "step_time_p90", "step_time_p99")
@@ -133,7 +134,7 @@ def print_recommendations(run_id: str, advice: Mapping[str, Any], out: TextIO) -
         print(f"no recommendation for run {run_id}: nothing in the catalog addresses what was found "
               "here and can run on this device", file=out)
     for i, r in enumerate(recs, 1):
-        settings = " ".join(f"{k}={v}" for k, v in r["set"].items())
+        settings = settings_text(r["set"])
         print(f"  {i}. {settings}  (for {r['for']}; risk: {r['risk']})", file=out)
         print(f"     expected: {expected_text(r)}", file=out)
         for note in r["notes"]:
@@ -181,7 +182,7 @@ def print_verification(run_id: str, verification: Mapping[str, Any], out: TextIO
     print(f"verification of run {run_id}: {verification['repeats']} repeat(s) of {verification['steps']} steps, "
           f"interleaved with a fresh baseline{state}", file=out)
     for r in verification["results"]:
-        settings = " ".join(f"{k}={v}" for k, v in r["set"].items())
+        settings = settings_text(r["set"])
         print(f"  {r['verdict']:<16} {settings}", file=out)
         if r.get("expected"):
             print(f"     expected: {expected_text(r)}", file=out)

@@ -32,7 +32,7 @@ from optimizers.vocabulary import Bottleneck, Capability
 from profiler.analysis import analyze
 from profiler.analysis.figures import Figures, known
 from profiler.analysis.loader import RunData
-from profiler.config import build_run_config, load_config
+from profiler.config import build_run_config, load_config, override_texts
 from profiler.diagnose import LOW_PRECISION_SPEEDUP, diagnose, v
 from profiler.metrics import PHASE_NAMES, lookup
 
@@ -156,9 +156,8 @@ def command(run: RunData, settings: Mapping[str, Any]) -> str:
     args = ["profile-run", "--from-run", str(run.path)]
     if run.world_size > 1:
         args += ["--nproc", str(run.world_size)]
-    for key, value in settings.items():
-        text = str(value).lower() if isinstance(value, bool) else str(value)
-        args += ["--set", f"{key}={text}"]
+    for text in override_texts(settings):
+        args += ["--set", text]
     return shlex.join(args)
 
 
@@ -215,9 +214,8 @@ def _exclusion(opt: Optimization, candidate: Candidate, cfg: Any, run: RunData,
         return "needs " + ", ".join(missing)
     if str(lookup(run.record, "environment.device") or "cpu").startswith("cuda") and not torch.cuda.is_available():
         return None  # the catalog's checks judge the run's own device, which this machine lacks
-    overrides = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()]
     try:
-        load_config(base=run.config, overrides=overrides, nproc=run.world_size)
+        load_config(base=run.config, overrides=override_texts(settings), nproc=run.world_size)
     except ConfigError as exc:
         return f"cannot run here: {exc}"
     return None

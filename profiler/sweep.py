@@ -40,7 +40,7 @@ from optimizers.config import ConfigError
 from profiler import store
 from profiler.analysis import load_run, summary_of
 from profiler.cells import Cell, run_cells, traced_once
-from profiler.config import RunConfig, load_config, merge_into, parse_override
+from profiler.config import RunConfig, load_config, merge_into, parse_override, settings_text, value_text
 from profiler.metrics import METRIC_BY_NAME
 
 KIND = "sweep"
@@ -90,15 +90,6 @@ def parse_grid(texts: Sequence[str]) -> dict[str, list[Any]]:
     if not grid:
         raise SweepError("no --grid given: name at least one section.key=v1,v2")
     return grid
-
-
-def value_text(value: Any) -> str:
-    """A setting's value as a user types it after `--set key=`."""
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def settings_text(settings: dict[str, Any]) -> str:
-    return " ".join(f"{k}={value_text(v)}" for k, v in settings.items())
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from optimizers.config import ConfigError
 from profiler import store, sweep
+from profiler.config import settings_text, value_text
 from profiler.console import fmt
 from profiler.metrics import METRIC_BY_NAME
 
@@ -70,17 +71,17 @@ def print_sweep(record: dict[str, Any], path: Path, out: TextIO) -> None:
     heads = {name: f"{m.label} ({m.unit})" for name, m in metrics.items()}
     print(f"sweep {record['id']}: {record['status']}, {len(record['cells'])} cell(s) x {spec['repeats']} "
           f"repeat(s) of {spec['steps']} steps (median [min-max] over repeats)", file=out)
-    width = max(len("settings"), *(len(sweep.settings_text(c["settings"])) for c in record["cells"]))
+    width = max(len("settings"), *(len(settings_text(c["settings"])) for c in record["cells"]))
     print(f"  {'cell':>4}  {'settings':<{width}}  {'status':<7}  {heads['tokens_per_s']:<24}  "
           f"{heads['peak_memory_gib']}", file=out)
     for c in record["cells"]:
         figures = [_figure_text(c[name], m.digits) for name, m in metrics.items()]
-        print(f"  {c['index']:>4}  {sweep.settings_text(c['settings']):<{width}}  {c['status']:<7}  {figures[0]:<24}  "
+        print(f"  {c['index']:>4}  {settings_text(c['settings']):<{width}}  {c['status']:<7}  {figures[0]:<24}  "
               f"{figures[1]}", file=out)
     print(f"ablation: change against the key's first value, other keys held equal ({sweep.CONFIDENCE:.0%} t interval "
           "over the paired runs)", file=out)
     for row in record["ablation"]:
-        what = f"{row['key']}={sweep.value_text(row['value'])} vs {sweep.value_text(row['reference'])}"
+        what = f"{row['key']}={value_text(row['value'])} vs {value_text(row['reference'])}"
         print(f"  {what}: {metrics[row['metric']].label} {_change(row)}", file=out)
     if not record["ablation"]:
         print("  none yet: no pair of completed runs", file=out)
@@ -93,7 +94,7 @@ def print_sweep(record: dict[str, Any], path: Path, out: TextIO) -> None:
     front = ", ".join(str(i) for i in record["pareto"]) or "none yet"
     print(f"pareto front (no other cell both faster and leaner), leanest first: cell {front}", file=out)
     for r in record["refused"]:
-        print(f"refused: {sweep.settings_text(r['settings'])}: {r['reason']}", file=out)
+        print(f"refused: {settings_text(r['settings'])}: {r['reason']}", file=out)
     print(f"record: {path}", file=out)
 
 

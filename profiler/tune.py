@@ -25,7 +25,7 @@ import yaml
 from profiler import store
 from profiler.analysis import RunData, load_run, summary_of
 from profiler.cells import Cell, run_cells
-from profiler.config import RunConfig
+from profiler.config import RunConfig, settings_text
 from profiler.recommend import advise
 from profiler.verify import judge_plan, runs_of, verify_plan
 
@@ -47,7 +47,7 @@ class TuneSpec:
 
 
 def _key(settings: Mapping[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(settings.items()))
+    return settings_text(dict(sorted(settings.items())))
 
 
 def _peak_gib(runs: Sequence[RunData]) -> float | None:
@@ -161,7 +161,7 @@ def tuned_yaml(record: Mapping[str, Any]) -> str:
     lines = ["# Tuned by glmperf tune (record: tune.json beside this file).",
              f"# Stopped: {record.get('stopped')}."]
     for entry in record["rounds"]:
-        change = " ".join(f"{k}={v}" for k, v in entry["tried"].items())
+        change = settings_text(entry["tried"])
         lines.append(f"# round {entry['round']}: {change}: {entry['decision']} ({entry['why']})")
     if not record["adopted"]:
         lines.append("# Nothing was adopted: this is the starting config.")

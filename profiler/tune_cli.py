@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler import store
-from profiler.config import load_config, shipped_presets
+from profiler.config import load_config, settings_text, shipped_presets
 
 EXIT_OK, EXIT_OVER_BUDGET, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -60,11 +60,11 @@ def _print(record: Mapping[str, Any], tuned_path: Path, out: Any) -> None:
     print(f"tune {record['id']}: {len(record['rounds'])} round(s), {record.get('elapsed_s', 0):.0f} s; "
           f"stopped: {record.get('stopped')}", file=out)
     for e in record["rounds"]:
-        change = " ".join(f"{k}={v}" for k, v in e["tried"].items())
+        change = settings_text(e["tried"])
         print(f"  round {e['round']}: {e['diagnosis']}", file=out)
         print(f"     tried {change}: {e['decision']}: {e['why']}", file=out)
     settings = (record.get("tuned") or {}).get("settings") or {}
-    adopted = " ".join(f"{k}={v}" for k, v in settings.items()) or "nothing (the starting config stays)"
+    adopted = settings_text(settings) or "nothing (the starting config stays)"
     print(f"adopted: {adopted}", file=out)
     start, end = record["tuned"]["start"], record["tuned"]["end"]
     print(f"tokens/s: {start['tokens_per_s']:,.0f} (run {start['run']}) -> {end['tokens_per_s']:,.0f} "

@@ -33,7 +33,7 @@ from profiler.analysis import RunData, analyze, load_run, summary_of
 from profiler.cells import Cell, traced_once
 from profiler.compare_gate import DEFAULT_REPORTED, LOSS_PARITY, Gate, Threshold
 from profiler.compare_runs import compare
-from profiler.config import RunConfig, load_config
+from profiler.config import RunConfig, load_config, override_texts
 from profiler.metrics import METRIC_BY_NAME, PHASE_NAMES
 
 MIN_GAIN = 0.02
@@ -62,10 +62,6 @@ class Plan:
     cells: tuple[Cell, ...]
     repeats: int
     steps: int
-
-
-def _overrides(settings: Mapping[str, Any]) -> list[str]:
-    return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()]
 
 
 def _combined(recommendations: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -99,7 +95,7 @@ def verify_plan(run: RunData, recommendations: Sequence[Mapping[str, Any]], *, r
                                   "expected": None, "for": "all"}))
     for trial_label, rec in wanted:
         try:
-            cfg = load_config(base=run.config, overrides=[*base_over, *_overrides(rec["set"]),
+            cfg = load_config(base=run.config, overrides=[*base_over, *override_texts(rec["set"]),
                                                           f"name={label}.{trial_label.replace(' ', '-')}"],
                               nproc=nproc)
         except ValueError as exc:

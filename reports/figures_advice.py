@@ -14,6 +14,7 @@ from plotly.subplots import make_subplots
 
 from profiler.analysis import RunData
 from profiler.analysis.stability import OUTLIER_FACTOR, OUTLIER_WINDOW
+from profiler.config import settings_text
 from reports.figures_run import merged_steps
 from reports.plotting import VERDICT_COLORS, figure, safe, with_caption
 
@@ -21,11 +22,6 @@ EVENT_MARKS = {"loss_spike": ("loss spike", "triangle-up"), "loss_plateau": ("lo
                "non_finite": ("NaN/Inf", "x"), "recompile": ("recompile", "star")}
 JUDGED = {"tokens_per_s": ("tokens_per_s", "tokens/s"), "peak_memory": ("peak_memory", "peak memory")}
 """A recommendation's `judged_by` -> (its key in `expected`, the words on the axis)."""
-
-
-def settings_text(settings: Mapping[str, Any]) -> str:
-    """A switch change as a user types it: `switches.amp.dtype=bf16 ...`."""
-    return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items())
 
 
 def stability(run: RunData) -> go.Figure | None:

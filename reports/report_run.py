@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from optimizers.config import ConfigError
 from profiler import console
 from profiler.analysis import RunData, summary_of
-from profiler.config import load_config
+from profiler.config import load_config, settings_text
 from profiler.metrics import flatten, lookup
 from reports import figures_advice, figures_machine, figures_run, html
 
@@ -100,7 +100,7 @@ def verdict_of(diagnosis: Mapping[str, Any], verification: Mapping[str, Any] | N
         "text": diagnosis.get("verdict") or "not diagnosed: the run has no counted step",
         "bottleneck": {"kind": found[0]["kind"], "explains": f"{100 * found[0]['severity']:.0f}% of the step",
                        "message": found[0]["message"]} if found else None,
-        "recommendation": {"settings": figures_advice.settings_text(top["set"]), "expected": console.expected_text(top),
+        "recommendation": {"settings": settings_text(top["set"]), "expected": console.expected_text(top),
                            "command": top["command"],
                            "verified": verified_text(figures_advice.verified(top, verification))
                            if verification else ""} if top else None,
@@ -115,13 +115,13 @@ def run_tables(run: RunData, diagnosis: Mapping[str, Any], verification: Mapping
         "bottlenecks": [[b["kind"], f"{100 * b['severity']:.0f}%", b["message"], f"{b['rule']}: {b['threshold']}", e]
                         for b, e in zip(diagnosis.get("bottlenecks") or [], evidence, strict=True)],
         "skipped": [[s["rule"], s["reason"]] for s in diagnosis.get("skipped") or []],
-        "recommendations": [[figures_advice.settings_text(r["set"]), r.get("for", ""), console.expected_text(r),
+        "recommendations": [[settings_text(r["set"]), r.get("for", ""), console.expected_text(r),
                              verified_text(figures_advice.verified(r, verification)), r.get("risk", ""),
                              r["command"]] for r in diagnosis.get("recommendations") or []],
         "verification": (f"Verified by rerunning: {verification.get('repeats')} repeat(s) of "
                          f"{verification.get('steps')} steps against baseline run(s) "
                          f"{', '.join(verification.get('baseline_runs') or [])}." if verification else ""),
-        "excluded": [[figures_advice.settings_text(e["set"]), e["reason"]] for e in diagnosis.get("excluded") or []],
+        "excluded": [[settings_text(e["set"]), e["reason"]] for e in diagnosis.get("excluded") or []],
         "ranks": [[r.get("rank"), r.get("status"), r.get("host"), r.get("pid"), r.get("error") or ""]
                   for r in run.ranks],
         "environment": [(k, str(v)) for k, v in flatten(run.record.get("environment") or {}).items()],

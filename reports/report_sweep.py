@@ -13,8 +13,8 @@ from typing import Any
 import plotly.graph_objects as go
 
 from profiler import store
+from profiler.config import settings_text
 from reports import figures_sweep, html
-from reports.figures_advice import settings_text
 
 BANNERS = {"running": "This sweep is still running: cells marked pending have no runs yet.",
            "interrupted": "This sweep was interrupted: cells marked pending were never run."}

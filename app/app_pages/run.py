@@ -7,9 +7,10 @@ import streamlit as st
 
 from app import data, widgets
 from profiler import console
+from profiler.config import settings_text
 from profiler.metrics import METRIC_BY_NAME
 from reports import report_run
-from reports.figures_advice import settings_text, verified
+from reports.figures_advice import verified
 
 REFRESH_S = 2.0  # how often a running run's page reads it again (runs flush every 2 s by default)
 HEADLINE = ("tokens_per_s", "step_time_p50", "peak_memory", "mfu")
