@@ -38,13 +38,14 @@ def chromium(url: str, *args: str) -> str:
     return done.stdout
 
 
-def rendered(url: str, tries: int = 6) -> str:
+def rendered(url: str, tries: int = 10) -> str:
     """The page's DOM once its script run finished. Chromium's virtual time gives a page little real
     time, and a page whose data is not cached yet takes longer than that to compute: the first load
-    of each page computes it, a later one renders it from the cache."""
+    of each page computes it, a later one renders it from the cache. A server still importing (a
+    fresh checkout compiles every module first) answers with only placeholders: no heading yet."""
     for _ in range(tries):
         dom = chromium(url, "--dump-dom")
-        if RUNNING not in dom:
+        if RUNNING not in dom and "<h1" in dom:
             return dom
     return dom
 
