@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizers.config import ConfigError
-from profiler import compare_cli, console, plugins, store, sweep_cli, tune_cli
+from profiler import compare_cli, console, import_cli, plan_cli, plugins, store, sweep_cli, tune_cli
 from profiler.config import load_config, shipped_presets
 
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT = 0, 1, 2
@@ -230,6 +230,11 @@ RUN_COMMANDS = {
 }
 
 
+COMMAND_MODULES = {"compare": compare_cli, "sweep": sweep_cli, "tune": tune_cli, "import": import_cli,
+                   "plan": plan_cli}
+"""Commands with a module of their own: each has `add_parser(subparsers)` and `main(args) -> exit code`."""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="glmperf", description="glmperf: look at, diagnose and finish stored runs")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -250,9 +255,8 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--repeats", type=int, default=3, help="with --verify: runs of each side (default 3)")
             p.add_argument("--steps", type=int, help="with --verify: steps of each run (default: the run's own)")
             p.add_argument("--no-progress", action="store_true", help="with --verify: no progress output")
-    compare_cli.add_parser(sub)
-    sweep_cli.add_parser(sub)
-    tune_cli.add_parser(sub)
+    for module in COMMAND_MODULES.values():
+        module.add_parser(sub)
     plugins.add_parsers(sub)
     init = sub.add_parser("init-run", help="validate a config and create a run for ranks started elsewhere "
                           "(torchrun on several nodes, Slurm); prints the run directory")
@@ -272,12 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             return _init_run(args)
         if args.command == "runs":
             return _runs(args, runs_dir)
-        if args.command == "compare":
-            return compare_cli.main(args)
-        if args.command == "sweep":
-            return sweep_cli.main(args)
-        if args.command == "tune":
-            return tune_cli.main(args)
+        if args.command in COMMAND_MODULES:
+            return COMMAND_MODULES[args.command].main(args)
         if args.command in plugins.commands():
             return plugins.commands()[args.command].main(args)
         if getattr(args, "top", None) is not None and args.top < 1:

@@ -1,0 +1,1 @@
+"""Callbacks that profile training run by other frameworks (Hugging Face Trainer, Lightning)."""

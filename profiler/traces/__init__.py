@@ -1,0 +1,1 @@
+"""Reading existing torch.profiler chrome traces (one per rank) into a run."""
