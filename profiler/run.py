@@ -33,7 +33,7 @@ import torch
 from profiler import store
 from profiler.analysis import RunData, load_run, summarize
 from profiler.analysis.operators import precision_work
-from profiler.config import RunConfig, build_run_config
+from profiler.config import ProfileConfig, RunConfig, build_run_config
 from profiler.device import MATMUL_DTYPES, environment, matmul_peaks, matmul_speedup, run_peak
 from profiler.instruments import Instrument, Sampler, StepTimer, TraceWindow, choose_backend
 from profiler.instruments.comm import CommStats
@@ -69,41 +69,81 @@ class _Events(TrainerHook):
         self.writer.add_event(event)
 
 
-def _instruments(cfg: RunConfig, writer: store.RunWriter, *, device: torch.device, rank: int,
-                 comm: CommStats | None) -> tuple[list[TrainerHook], dict]:
-    """The default instruments for this run, and how the device is being sampled (for run.json)."""
+def instruments(profile: ProfileConfig, writer: store.RunWriter, *, device: torch.device, rank: int,
+                comm: CommStats | None, compiled: bool = False) -> tuple[list[TrainerHook], dict]:
+    """The default instruments of a run, and how the device is being sampled (for run.json).
+
+    The same for the reference trainer and a user's own loop (profiler.api): step timer first,
+    events, the sampler, the compile watch for a compiled model, the torch.profiler window last.
+    """
     timer = StepTimer(writer, device=device, rank=rank, comm=comm)
     hooks: list[TrainerHook] = [timer, _Events(writer)]
     backend, why = choose_backend(device)
-    sampling = {"source": backend.source, "why": why, "hz": cfg.profile.sample_hz}
-    if cfg.profile.sample_hz > 0:
-        hooks.append(Sampler(writer, backend, hz=cfg.profile.sample_hz, rank=rank, reason=why,
+    sampling = {"source": backend.source, "why": why, "hz": profile.sample_hz}
+    if profile.sample_hz > 0:
+        hooks.append(Sampler(writer, backend, hz=profile.sample_hz, rank=rank, reason=why,
                              current_step=lambda: timer.current_step))
     else:
         backend.close()
-    if cfg.switches.compile.mode != "off":
+    if compiled:
         hooks.append(CompileWatch(writer))
-    if cfg.profile.trace:
-        wait, warmup, active = cfg.profile.trace_window
+    if profile.trace:
+        wait, warmup, active = profile.trace_window
         trace = TraceWindow(writer, device=device, rank=rank, wait=wait, warmup=warmup, active=active,
-                            memory_snapshot=cfg.profile.memory_snapshot)
+                            memory_snapshot=profile.memory_snapshot)
         timer.profiled = trace.is_active
         hooks.append(trace)
     return hooks, sampling
 
 
-def run_rank(run_dir: Path, cfg: RunConfig, *, device: torch.device, rank: int = 0, world_size: int = 1,
-             progress: bool = True, extra_hooks: Sequence[TrainerHook] = ()) -> None:
-    """Train this rank with its instruments; its outcome goes to its status record (parts/status-r<rank>.json).
+def rank_outcome(error: BaseException | None) -> tuple[str, dict[str, Any]]:
+    """A rank's status from how its training ended, and the fields that say why."""
+    if error is None:
+        return "completed", {}
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted", {"error": str(error) or "KeyboardInterrupt"}
+    return "failed", {"error": f"{type(error).__name__}: {error}",
+                      "traceback": "".join(traceback.format_exception(error))}
+
+
+class RankRecord:
+    """One rank's part of a run: its writer, its hooks, and its status record (parts/status-r<rank>.json).
 
     The status says `running` (with this process's pid and host) from the start, so a reader of a
-    live or killed run knows the ranks; it is rewritten with the outcome at the end.
+    live or killed run knows the ranks; `close` rewrites it with the outcome, after closing the
+    instruments (their summaries go into the record) and flushing every buffered row.
     """
-    writer = store.RunWriter(run_dir, rank=rank, flush_interval_s=cfg.profile.flush_interval_s)
-    fields: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
-    store.write_rank_status(run_dir, rank, "running", **fields)
-    hooks: list[TrainerHook] = []
-    status = "failed"
+
+    def __init__(self, run_dir: Path, *, rank: int, flush_interval_s: float) -> None:
+        self.run_dir, self.rank = run_dir, rank
+        self.writer = store.RunWriter(run_dir, rank=rank, flush_interval_s=flush_interval_s)
+        self.fields: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
+        self.hooks: list[TrainerHook] = []
+        store.write_rank_status(run_dir, rank, "running", **self.fields)
+
+    def update(self, **fields: Any) -> None:
+        self.fields.update(fields)
+        store.write_rank_status(self.run_dir, self.rank, "running", **self.fields)
+
+    def close(self, error: BaseException | None) -> str:
+        """Close the instruments and the writer, write the outcome; returns the rank's status."""
+        status, why = rank_outcome(error)
+        self.fields.update(why)
+        for hook in self.hooks:
+            if isinstance(hook, Instrument):
+                with contextlib.suppress(Exception):
+                    hook.close()
+                    self.fields.setdefault("instruments", {})[type(hook).__name__] = hook.summary()
+        self.writer.close()
+        store.write_rank_status(self.run_dir, self.rank, status, **self.fields)
+        return status
+
+
+def run_rank(run_dir: Path, cfg: RunConfig, *, device: torch.device, rank: int = 0, world_size: int = 1,
+             progress: bool = True, extra_hooks: Sequence[TrainerHook] = ()) -> None:
+    """Train this rank with its instruments; its outcome goes to its status record (RankRecord)."""
+    record = RankRecord(run_dir, rank=rank, flush_interval_s=cfg.profile.flush_interval_s)
+    error: BaseException | None = None
     try:
         with _sigterm_as_interrupt():
             comm = CommStats(device) if world_size > 1 and cfg.profile.instruments else None
@@ -111,34 +151,24 @@ def run_rank(run_dir: Path, cfg: RunConfig, *, device: torch.device, rank: int =
                                 memory_budget_bytes=cfg.memory_budget_bytes,
                                 wrap_comm_hook=comm.wrap if comm is not None else None)
             if cfg.profile.instruments:
-                hooks, fields["sampling"] = _instruments(cfg, writer, device=device, rank=rank, comm=comm)
+                record.hooks, record.fields["sampling"] = instruments(
+                    cfg.profile, record.writer, device=device, rank=rank, comm=comm,
+                    compiled=cfg.switches.compile.mode != "off")
             if progress and rank == 0:
-                hooks.append(Progress(total_steps=cfg.train.steps, every=cfg.train.log_every))
-            hooks.extend(extra_hooks)
+                record.hooks.append(Progress(total_steps=cfg.train.steps, every=cfg.train.log_every))
+            record.hooks.extend(extra_hooks)
             trainer = Trainer(model_cfg=cfg.model, data_cfg=cfg.data, train_cfg=cfg.train,
-                              switches=cfg.switches, hooks=hooks, run_dir=run_dir, ctx=ctx)
-            fields.update(flops_per_token=trainer.flops_per_token, applied=trainer.setup.applied,
+                              switches=cfg.switches, hooks=record.hooks, run_dir=run_dir, ctx=ctx)
+            record.update(flops_per_token=trainer.flops_per_token, applied=trainer.setup.applied,
                           notes=trainer.setup.notes, num_params=trainer.model.num_params(),
                           start_step=trainer.start_step, torch_threads=torch.get_num_threads(),
                           loader_workers=int(trainer.setup.loader_options.get("num_workers", 0)))
-            store.write_rank_status(run_dir, rank, "running", **fields)
             trainer.fit()
-        status = "completed"
-    except KeyboardInterrupt as exc:
-        status, fields["error"] = "interrupted", str(exc) or "KeyboardInterrupt"
-        raise
     except BaseException as exc:
-        fields["error"] = f"{type(exc).__name__}: {exc}"
-        fields["traceback"] = traceback.format_exc()
+        error = exc
         raise
     finally:
-        for hook in hooks:
-            if isinstance(hook, Instrument):
-                with contextlib.suppress(Exception):
-                    hook.close()
-                    fields.setdefault("instruments", {})[type(hook).__name__] = hook.summary()
-        writer.close()
-        store.write_rank_status(run_dir, rank, status, **fields)
+        record.close(error)
 
 
 def _outcome(world_size: int, statuses: dict[int, dict[str, Any]], launcher_error: str | None
@@ -178,14 +208,15 @@ def finalize(run_dir: Path, *, launcher_error: str | None = None) -> dict[str, A
     fields: dict[str, Any] = {}
     if not record.get("peak"):  # ranks started elsewhere (init-run): measured here, now
         cfg = build_run_config(record["config"])
-        device = resolve_device(cfg.train.device)
-        fields.update(peak=run_peak(device, cfg.switches.amp.dtype), matmul_peaks=matmul_peaks(device))
+        fields.update(measured_peaks(resolve_device(cfg.train.device), cfg.switches.amp.dtype))
+    if record.get("source", "profile-run") == "profile-run":
+        fields.update(model={"num_params": rank0.get("num_params"), "flops_per_token": rank0.get("flops_per_token")},
+                      switches_applied=rank0.get("applied", []), setup_notes=rank0.get("notes", []))
+    else:  # a user's own model (profiler.api): what its rank recorded, and no switches to speak of
+        fields["model"] = rank0.get("model") or record.get("model")
     store.update_run(
         run_dir, status=status, error=error, ended=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        ranks=list(statuses.values()),
-        model={"num_params": rank0.get("num_params"), "flops_per_token": rank0.get("flops_per_token")},
-        switches_applied=rank0.get("applied", []), setup_notes=rank0.get("notes", []),
-        sampling=rank0.get("sampling"), **fields)
+        ranks=list(statuses.values()), sampling=rank0.get("sampling"), **fields)
     run = load_run(run_dir)
     store.update_run(run_dir, summary=summarize(run))
     try:  # advice is a reading of what was measured: it must never cost the run its record
@@ -202,9 +233,21 @@ def shape_speedup(run: RunData) -> dict[str, float]:
     work = precision_work(run)
     if not work:
         return {}
-    device = resolve_device(build_run_config(run.config).train.device)
+    device = run_device(run.record)
     kinds = ("bf16", "fp16") if device.type == "cuda" else ("bf16",)
     return {kind: matmul_speedup(device, work, MATMUL_DTYPES[kind]) for kind in kinds}
+
+
+def run_device(record: dict[str, Any]) -> torch.device:
+    """The device a stored run trained on: its config's for profile-run, the recorded one otherwise."""
+    if record.get("source", "profile-run") == "profile-run":
+        return resolve_device(build_run_config(record["config"]).train.device)
+    return torch.device((record.get("environment") or {}).get("device", "cpu"))
+
+
+def measured_peaks(device: torch.device, amp: str) -> dict[str, Any]:
+    """run.json `peak` (the device's peak in the run's matmul dtype) and `matmul_peaks` (every dtype's)."""
+    return {"peak": run_peak(device, amp), "matmul_peaks": matmul_peaks(device)}
 
 
 def create_run_dir(cfg: RunConfig, *, runs_dir: Path | None, nproc: int, launcher: bool = True,
@@ -221,7 +264,7 @@ def create_run_dir(cfg: RunConfig, *, runs_dir: Path | None, nproc: int, launche
     record: dict[str, Any] = {"config": cfg.to_dict(), "world_size": nproc,
                               "environment": environment(device, world_size=nproc), **(links or {})}
     if launcher:
-        record.update(peak=run_peak(device, cfg.switches.amp.dtype), matmul_peaks=matmul_peaks(device))
+        record.update(measured_peaks(device, cfg.switches.amp.dtype))
     else:
         record["pid"] = None
     return store.create_run(store.default_runs_dir(runs_dir), cfg.name, record)
