@@ -47,12 +47,14 @@ class Interrupted(KeyboardInterrupt):
     """SIGTERM, raised in the main thread so the run unwinds like Ctrl-C and is marked `interrupted`."""
 
 
+def raise_interrupted(signum: int, frame: Any) -> None:
+    """The SIGTERM handler of a run: the run unwinds as from Ctrl-C."""
+    raise Interrupted(f"signal {signal.Signals(signum).name}")
+
+
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    def handler(signum: int, frame: Any) -> None:
-        raise Interrupted(f"signal {signal.Signals(signum).name}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = signal.signal(signal.SIGTERM, raise_interrupted)
     try:
         yield
     finally:
