@@ -131,8 +131,9 @@ def print_recommendations(run_id: str, advice: Mapping[str, Any], out: TextIO) -
     """The ranked switch changes, each with its expected gain, risk and the command that tries it."""
     recs = advice["recommendations"]
     if not recs:
-        print(f"no recommendation for run {run_id}: nothing in the catalog addresses what was found "
-              "here and can run on this device", file=out)
+        why = advice.get("not_recommended") or ("nothing in the catalog addresses what was found here and can "
+                                                "run on this device")
+        print(f"no recommendation for run {run_id}: {why}", file=out)
     for i, r in enumerate(recs, 1):
         settings = settings_text(r["set"])
         print(f"  {i}. {settings}  (for {r['for']}; risk: {r['risk']})", file=out)

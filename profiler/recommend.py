@@ -164,6 +164,10 @@ def command(run: RunData, settings: Mapping[str, Any]) -> str:
 def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, allow_model_changes: bool = False,
               top: int | None = None) -> dict[str, Any]:
     """{"recommendations": [...] ranked, "excluded": [{switch, set, reason}]} for a diagnosed run."""
+    if "switches" not in run.config:  # a user's own training (profiler.api): no switch of ours to flip
+        return {"recommendations": [], "excluded": [],
+                "not_recommended": f"the run's model is its own ({run.source} run): the switches are the reference "
+                                   "trainer's, so the diagnosis stands without a switch to flip"}
     severity = {Bottleneck(b["kind"]): b["severity"] for b in diagnosis["bottlenecks"]}
     caps = capabilities(run, figures)
     cfg = build_run_config(run.config)

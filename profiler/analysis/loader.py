@@ -52,6 +52,11 @@ class RunData:
         return self.record.get("config") or {}
 
     @property
+    def source(self) -> str:
+        """What made the run: `profile-run` (also for runs stored without the field), `api`, `import`."""
+        return str(self.record.get("source") or "profile-run")
+
+    @property
     def world_size(self) -> int:
         return int(self.record.get("world_size") or 1)
 
