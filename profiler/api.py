@@ -47,12 +47,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# kineto logs every profiler start and stop unless told not to (read when the profiler first starts)
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 
 from optimizers.config import build_section, section_to_dict
 from profiler import store
 from profiler.config import ProfileConfig
 from profiler.device import MATMUL_DTYPES, environment
+from profiler.instruments.comm import CommStats
 from profiler.run import RankRecord, finalize, instruments, measured_peaks, raise_interrupted
 from reference_model.trainer import StepRecord, TrainStart, dist_env
 
@@ -124,6 +130,19 @@ def _device_of(model: torch.nn.Module | None, device: str | torch.device | None)
         if param is not None:
             return param.device
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def count_allreduces(model: torch.nn.Module | None, device: torch.device) -> tuple[CommStats | None, str]:
+    """Communication counters on a DDP model's gradient all-reduces (torch's own allreduce hook, the
+    one DDP runs by default, wrapped as profile-run wraps it), or None and why not."""
+    if not isinstance(model, DistributedDataParallel):
+        return None, "not measured: pass the DistributedDataParallel model as model= to count its all-reduces"
+    comm = CommStats(device)
+    try:
+        model.register_comm_hook(None, comm.wrap(default_hooks.allreduce_hook, None))
+    except RuntimeError as exc:  # the loop registered a hook of its own (DDP takes one)
+        return None, f"not measured: the model has a comm hook of its own ({exc})"
+    return comm, "counted: DDP gradient all-reduces"
 
 
 _opened = 0
@@ -215,11 +234,12 @@ class Run:
         _opened += 1
         self._record = RankRecord(self.dir, rank=self.rank, flush_interval_s=self.profile.flush_interval_s)
         compiled = self.model is not None and hasattr(self.model, "_orig_mod")
+        comm, comm_note = count_allreduces(self.model, self.device)
         self._hooks, sampling = instruments(self.profile, self._record.writer, device=self.device, rank=self.rank,
-                                            comm=None, compiled=compiled)
+                                            comm=comm, compiled=compiled)
         self._record.hooks = self._hooks
         self._record.update(sampling=sampling, model=model_record(self.model, self.flops_per_token),
-                            torch_threads=torch.get_num_threads(), loader_workers=0)
+                            torch_threads=torch.get_num_threads(), loader_workers=0, comm=comm_note)
         if threading.current_thread() is threading.main_thread():
             self._previous_sigterm = signal.signal(signal.SIGTERM, raise_interrupted)
         self._call("on_train_start", TrainStart(device=self.device, rank=self.rank, world_size=self.world_size,
