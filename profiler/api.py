@@ -329,6 +329,19 @@ class Run:
         self._phase = None
         self._call("on_phase_end", step.index, name)
 
+    def switch_phase(self, name: str | None) -> None:
+        """End the open phase, if any, and begin `name` (None: no phase): for callbacks, whose events
+        mark where the next part of a step starts rather than where the last one ended."""
+        if self._phase is not None:
+            self.end_phase(self._phase)
+        if name is not None:
+            self.begin_phase(name)
+
+    @property
+    def current_step(self) -> Step | None:
+        """The step in progress (None between steps)."""
+        return self._step
+
     @contextlib.contextmanager
     def step(self, *, tokens: int | None = None, batch_size: int = 0) -> Iterator[Step]:
         """One optimizer step of the loop; the block's time is the step time."""

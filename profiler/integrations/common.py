@@ -1,0 +1,84 @@
+"""What the framework callbacks share: the framework check, tokens from a batch, and the run a
+callback opens from its options (profiler.api.OPTIONS) and the framework's own facts."""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import sys
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from profiler import api
+
+TokensOf = Callable[[Any], int]
+
+
+def require(module: str, *, extra: str, what: str) -> ModuleType:
+    """Import a framework, or one ImportError naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"{what} needs {module.split('.')[0]}, which is not installed ({exc}); install it "
+                          f"with: pip install -e '.[{extra}]'  (or: pip install 'glmperf[{extra}]')") from None
+
+
+def batch_tokens(batch: Any) -> int:
+    """Input tokens in a batch: its `input_ids` (a mapping), else its first tensor (a tuple or list,
+    or the batch itself). Pass `tokens_of=` to a callback for any other layout."""
+    if isinstance(batch, Mapping):
+        ids = batch.get("input_ids")
+        if isinstance(ids, torch.Tensor):
+            return int(ids.numel())
+        batch = list(batch.values())
+    if isinstance(batch, torch.Tensor):
+        return int(batch.numel())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            if isinstance(item, torch.Tensor):
+                return int(item.numel())
+    raise TypeError(f"cannot count the tokens of a batch of type {type(batch).__name__}: pass "
+                    "tokens_of=<function of the batch returning its input tokens> to the callback")
+
+
+class CallbackRun:
+    """The run behind a callback: opened once the framework knows the model, ended once.
+
+    A run still open when the interpreter exits (the framework raised past every hook) ends then,
+    `failed` or `interrupted` with the exception Python reports, so a crash loses nothing measured.
+    """
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        api.check_options(options)
+        self.options = dict(options)
+        self.run: api.Run | None = None
+        """The run while training runs."""
+        self.last: api.Run | None = None
+        """The run most recently ended (its `dir`, `status` and `summary`)."""
+        self._atexit = False
+
+    def open(self, *, defaults: Mapping[str, Any], rank: int | None = None, world_size: int | None = None
+             ) -> api.Run:
+        """Start the run with the user's options over the framework's `defaults` (name, config, model)."""
+        self.run = api.Run(**{**defaults, **self.options})
+        if rank is not None and world_size is not None:
+            self.run.rank, self.run.world_size = rank, world_size
+        self.run.start()
+        if not self._atexit:
+            atexit.register(self._at_exit)
+            self._atexit = True
+        return self.run
+
+    def close(self, error: BaseException | None = None) -> None:
+        run, self.run = self.run, None
+        if run is not None:
+            self.last = run
+            run.end(error)
+
+    def _at_exit(self) -> None:
+        if self.run is not None:
+            self.close(getattr(sys, "last_value", None) or RuntimeError(
+                "training ended without the framework's train-end hook (an exception it did not report)"))
