@@ -1,0 +1,119 @@
+"""glmperf for Lightning: `L.Trainer(..., callbacks=[GlmperfCallback(name=..., runs_dir=...)])`.
+
+Takes api.run's keywords (profiler.api.OPTIONS; `config` defaults to the LightningModule's
+hyperparameters, `model` to the module, `name` to its class name) and `tokens_of`, a function of a
+batch giving its input tokens (default: the batch's `input_ids`, else its first tensor). Importing
+this module imports nothing of Lightning; the callback class is built on first use, with one clear
+error naming the `lightning` extra when Lightning is missing.
+
+What it measures, from Lightning's hooks (automatic optimization):
+
+- a step is one optimizer step: from `on_train_batch_start` of its first batch to
+  `on_train_batch_end` of its last (`accumulate_grad_batches` batches);
+- `forward`: batch start to `on_before_backward` (training_step, the loss, zero_grad); `backward`:
+  `on_before_backward` to `on_after_backward`; `optimizer`: `on_before_optimizer_step` to the batch
+  end (the optimizer step, zero_grad, the scheduler when it steps per batch);
+- tokens: `tokens_of(batch)` per batch; the loss: training_step's `loss`, averaged over the batches;
+- the data wait is not measured: Lightning fetches the next batch before `on_train_batch_start`;
+- DDP: each rank writes its part of one run; Lightning's own ranks and world size are used, and
+  the DDP model's gradient all-reduces are counted unless a comm hook of its own is registered.
+
+The run ends at `on_train_end`, or at `on_exception` (`failed` with the error, `interrupted` on
+Ctrl-C), with every step measured before it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from profiler.integrations.common import CallbackRun, TokensOf, batch_tokens, require
+
+
+def _build() -> type:
+    pl = require("lightning.pytorch", extra="lightning", what="profiler.integrations.lightning.GlmperfCallback")
+
+    class GlmperfCallback(pl.Callback):
+        """Measures a Lightning Trainer's fit as a glmperf run (see the module docstring)."""
+
+        def __init__(self, *, tokens_of: TokensOf | None = None, **options: Any) -> None:
+            self._run = CallbackRun(options)
+            self._tokens_of = tokens_of or batch_tokens
+            self._losses: list[Any] = []
+
+        @property
+        def run(self) -> Any:
+            """The api.Run while training runs (None before and after)."""
+            return self._run.run
+
+        @property
+        def last_run(self) -> Any:
+            """The api.Run of the training that ended last (its `dir`, `status`, `summary`)."""
+            return self._run.last
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            hparams = dict(pl_module.hparams) if getattr(pl_module, "hparams", None) else {}
+            defaults = {"name": type(pl_module).__name__, "config": hparams, "model": trainer.strategy.model,
+                        "device": pl_module.device}
+            self._run.open(defaults=defaults, rank=trainer.global_rank, world_size=trainer.world_size)
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            step = self.run.current_step
+            if step is None:
+                step = self.run.begin_step(tokens=0)
+                step.micro_batches, self._losses = 0, []
+            step.tokens += int(self._tokens_of(batch))
+            step.micro_batches += 1
+            step.batch_size = _batch_size(batch)
+            self.run.switch_phase("forward")
+
+        def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+            if self.run.current_step is not None:
+                self.run.switch_phase("backward")
+
+        def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+            if self.run.current_step is not None:
+                self.run.switch_phase(None)
+
+        def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+            if self.run.current_step is not None:
+                self.run.switch_phase("optimizer")
+                self.run.current_step.lr = float(optimizer.param_groups[0]["lr"])
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            step = self.run.current_step
+            if step is None:
+                return
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            if loss is not None:
+                self._losses.append(loss.detach() if hasattr(loss, "detach") else float(loss))
+            self.run.switch_phase(None)
+            if (batch_idx + 1) % trainer.accumulate_grad_batches and not trainer.is_last_batch:
+                return  # the optimizer steps after a later batch
+            if self._losses:
+                step.loss = sum(self._losses) / len(self._losses)
+            self.run.end_step()
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            self._run.close(None)
+
+        def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+            if self.run is not None:
+                self.run.abandon_step()
+            self._run.close(exception)
+
+    return GlmperfCallback
+
+
+def _batch_size(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor (0 when it has none)."""
+    first = batch.get("input_ids", next(iter(batch.values()), None)) if isinstance(batch, dict) else \
+        batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+    return int(first.shape[0]) if hasattr(first, "shape") and len(first.shape) else 0
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GlmperfCallback":
+        cls = _build()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
