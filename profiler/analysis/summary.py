@@ -54,6 +54,8 @@ def summarize(run: RunData) -> dict[str, Any]:
     mean_step = float(steady["step_s"].mean())
     peak = run.record.get("peak") or {}
     flops_per_token = _float(lookup(run.record, "model.flops_per_token") or run.rank(0).get("flops_per_token"))
+    if lookup(run.record, "model.flops_source"):  # a user's own model: where its FLOPs/token (and MFU) come from
+        notes.append(f"FLOPs per token (MFU): {lookup(run.record, 'model.flops_source')}")
     capacity = _float(peak.get("flops")) * devices(run)
     summary: dict[str, Any] = {
         "steps_counted": int(len(steady)),
