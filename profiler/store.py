@@ -25,6 +25,8 @@ import pyarrow.parquet as pq
 
 SCHEMA_VERSION = 1
 TABLES = ("steps", "samples", "ops")
+OPTIONAL_TABLES = ("kernels",)
+"""Tables only some runs have (kernels: GPU kernel aggregates of imported traces); absent reads as empty."""
 FINAL_STATUSES = ("completed", "failed", "interrupted")
 """Statuses written when a run ends (its parts compacted into the tables)."""
 STALE_AFTER_S = 60.0
@@ -266,8 +268,8 @@ def read_table(run_dir: Path, table: str) -> pd.DataFrame:
 
     Raises StoreError naming the file when it is not readable parquet.
     """
-    if table not in TABLES:
-        raise ValueError(f"unknown table {table!r}; known: {', '.join(TABLES)}")
+    if table not in TABLES + OPTIONAL_TABLES:
+        raise ValueError(f"unknown table {table!r}; known: {', '.join(TABLES + OPTIONAL_TABLES)}")
     path = run_dir / f"{table}.parquet"
     if path.exists():
         return _read_parquet(path)
@@ -278,6 +280,15 @@ def read_table(run_dir: Path, table: str) -> pd.DataFrame:
     df = pd.concat(frames, ignore_index=True)
     sort = [c for c in ("step", "rank", "ts") if c in df.columns]
     return df.sort_values(sort, kind="stable", ignore_index=True) if sort else df
+
+
+def write_table(run_dir: Path, table: str, df: pd.DataFrame) -> None:
+    """Write a whole table at once, atomically (a run made in one go, e.g. imported traces)."""
+    if table not in TABLES + OPTIONAL_TABLES:
+        raise ValueError(f"unknown table {table!r}; known: {', '.join(TABLES + OPTIONAL_TABLES)}")
+    tmp = run_dir / f".{table}.parquet.tmp"
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, run_dir / f"{table}.parquet")
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
