@@ -50,7 +50,8 @@ def summarize(run: RunData) -> dict[str, Any]:
                 "notes": notes + _live_note(run, 0)}
     notes += _live_note(run, len(steady))
     total_time = float(steady["step_s"].sum())
-    tokens_per_s = float(steady["tokens"].sum()) / total_time if total_time > 0 else NAN
+    counted = total_time > 0 and bool(steady["tokens"].notna().any())  # imported traces do not know their tokens
+    tokens_per_s = float(steady["tokens"].sum()) / total_time if counted else NAN
     mean_step = float(steady["step_s"].mean())
     peak = run.record.get("peak") or {}
     flops_per_token = _float(lookup(run.record, "model.flops_per_token") or run.rank(0).get("flops_per_token"))
