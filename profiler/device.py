@@ -197,19 +197,23 @@ def peak_flops(device: torch.device | str, dtype: torch.dtype, *, budget_s: floa
 def _work(kind: str, shapes: tuple[tuple[int, ...], ...], dtype: torch.dtype, device: torch.device
           ) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """(fp32 call, `dtype` call) for one matmul or fused attention, as autocast would run it: the
-    activation cast to `dtype` inside the call, the weight cast once (autocast caches it)."""
+    activation cast to `dtype` inside the call, the weight cast once (autocast caches it). A matmul's
+    backward calls are matmuls of their own in the operator table; attention's backward is not, so
+    attention is timed forward and backward (its low-precision backward can be far slower: 20x fp32
+    at the tiny preset's shapes on an AMX CPU)."""
     tensors = [torch.randn(*shape, device=device) for shape in shapes]
     if kind == "mm":
         a, b = tensors
         low_b = b.to(dtype)
         return (lambda: torch.matmul(a, b)), (lambda: torch.matmul(a.to(dtype), low_b))
-    q, k, v = tensors
+    q, k, v = (t.requires_grad_() for t in tensors)
     gqa = q.shape[-3] != k.shape[-3]
 
     def attend(dt: torch.dtype | None) -> Any:
         cast = (lambda t: t.to(dt)) if dt is not None else (lambda t: t)
-        return torch.nn.functional.scaled_dot_product_attention(cast(q), cast(k), cast(v), is_causal=True,
-                                                                 enable_gqa=gqa)
+        out = torch.nn.functional.scaled_dot_product_attention(cast(q), cast(k), cast(v), is_causal=True,
+                                                                enable_gqa=gqa)
+        return torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     return (lambda: attend(None)), (lambda: attend(dtype))
 
 

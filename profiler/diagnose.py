@@ -174,8 +174,9 @@ RULES: tuple[Rule, ...] = (
          ("run_dtype_speedup", "matmul_share", "share.forward", "share.backward"),
          lambda f: min(1.0, compute_share(f) * v(f, "matmul_share") / 100 * (1 - v(f, "run_dtype_speedup")))
          if v(f, "run_dtype_speedup") < EMULATED_SPEEDUP else 0.0,
-         lambda f: f"the run's low-precision matmuls peak at {v(f, 'run_dtype_speedup'):.2f}x fp32 on this device: "
-                   "emulated, slower than fp32",
+         lambda f: f"the run's low-precision matmuls and attention run at {v(f, 'run_dtype_speedup'):.2f}x their fp32 "
+                   "speed on this device" + (": emulated (no native bf16)" if v(f, "native_bf16") == 0 else
+                                             " at the run's shapes: slower than fp32"),
          applies=lambda f: "the run's matmuls are fp32" if v(f, "run_dtype_speedup") == 1.0 else None),
     Rule(Bottleneck.CHECKPOINT_BOUND, f"checkpoint saving > {CHECKPOINT_SHARE:g}% of the step",
          ("share.checkpoint",),

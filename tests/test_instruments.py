@@ -422,3 +422,12 @@ def test_environment_on_cpu() -> None:
     assert env["device"] == "cpu" and env["device_name"] == devmod.cpu_model() and env["cpu_threads"] >= 1
     assert env["torch"] == torch.__version__ and env["world_size"] == 4 and "rank" not in env
     assert env["nvml"] == {"available": False, "reason": "no CUDA device: the run's device is cpu"}
+
+
+def test_attention_is_timed_with_its_backward() -> None:
+    """Attention's backward is no operator of its own in the table, and in low precision it can cost
+    many times its fp32 self: both timed calls must run it."""
+    shapes = ((2, 4, 16, 8), (2, 2, 16, 8), (2, 2, 16, 8))  # grouped-query: 4 query heads, 2 KV heads
+    for call in devmod._work("sdpa", shapes, torch.bfloat16, torch.device("cpu")):
+        grads = call()
+        assert [tuple(g.shape) for g in grads] == list(shapes)
