@@ -1,13 +1,78 @@
-"""`glmperf import TRACE_DIR`: existing torch.profiler traces as a run (being built)."""
+"""`glmperf import TRACE_DIR`: existing torch.profiler traces (one chrome JSON per rank) as a run.
+
+Exit codes: 0 imported (some rank files may have failed: each is named on stderr), 2 bad input
+(no directory, no trace, or none readable) with one `glmperf: error: ...` line.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+from profiler import store
+
+EXIT_OK, EXIT_BAD_INPUT = 0, 2
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    subparsers.add_parser("import", help="import existing torch.profiler traces (one chrome JSON per rank) as a run")
+    p = subparsers.add_parser("import", help="import existing torch.profiler traces (one chrome JSON per rank) as "
+                              "a run", description="Read every chrome trace (*.json, *.json.gz) in TRACE_DIR, one "
+                              "per rank, and store them as a run that diagnose, compare, report and the dashboard "
+                              "read. GPU traces get HTA's temporal, kernel, overlap and idle breakdowns.")
+    p.add_argument("trace_dir", type=Path, metavar="TRACE_DIR", help="directory of the traces (e.g. the one "
+                   "tensorboard_trace_handler wrote)")
+    p.add_argument("--name", help="run name (default: the directory's name)")
+    p.add_argument("--runs-dir", type=Path, help="where runs are (default: $GLMPERF_RUNS or ./runs)")
+    p.add_argument("--json", action="store_true", help="print the run's id, path, summary and diagnosis as JSON")
 
 
 def main(args: argparse.Namespace) -> int:
-    raise NotImplementedError
+    from profiler import console
+    from profiler.analysis import load_run
+    from profiler.traces import ImportFailed, import_traces
+
+    try:
+        store.check_runs_dir(store.default_runs_dir(args.runs_dir))
+        imported = import_traces(args.trace_dir, name=args.name, runs_dir=args.runs_dir)
+    except (ImportFailed, store.StoreError) as exc:
+        print(f"glmperf: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for failure in imported.failed:
+        print(f"glmperf: warning: left out {failure['error']}", file=sys.stderr)
+    run = load_run(imported.run_dir)
+    summary, diagnosis = run.record.get("summary") or {}, run.record.get("diagnosis") or {}
+    if args.json:
+        print(json.dumps({"id": run.id, "path": str(run.path), "source": run.source, "failed": imported.failed,
+                          "summary": summary, "diagnosis": diagnosis}, indent=2, default=str))
+        return EXIT_OK
+    print(f"imported {len(imported.ranks)} rank(s) from {args.trace_dir} as run {run.id}")
+    console.print_summary(run.record, summary, run.status, run.path, sys.stdout)
+    print_trace(summary.get("trace") or {}, sys.stdout)
+    console.print_advice_head(run.id, diagnosis, sys.stdout)
+    return EXIT_OK
+
+
+def print_trace(trace: dict[str, Any], out: IO[str]) -> None:
+    """Per rank, HTA's GPU breakdowns (% of GPU time, of kernel time, of idle time); then stragglers."""
+    rows = [(rank, f) for rank, f in trace.get("ranks", {}).items() if f.get("temporal")]
+    if rows:
+        out.write("\nGPU (HTA's definitions)  idle  compute  other | kernels: comp  comm  mem | comm overlapped | "
+                  "idle: host wait  kernel wait | launch delay p50 | short kernels\n")
+    for rank, f in rows:
+        t, k, i = f["temporal"], f.get("kernels") or {}, f.get("idle") or {}
+        overlap = f.get("comm_overlap_share")
+        out.write(f"  rank {rank:<18} {100 * t['idle_share']:4.0f}%  {100 * t['compute_share']:6.0f}%  "
+                  f"{100 * t['non_compute_share']:4.0f}% | {100 * k.get('computation_share', 0):12.0f}%  "
+                  f"{100 * k.get('communication_share', 0):3.0f}%  {100 * k.get('memory_share', 0):2.0f}% | "
+                  f"{'-' if overlap is None else f'{100 * overlap:.0f}%':>15} | "
+                  f"{100 * i.get('host_wait_share', 0):14.0f}%  {100 * i.get('kernel_wait_share', 0):10.0f}% | "
+                  f"{(f.get('launch_delay_us') or {}).get('p50', float('nan')):13.0f} us | "
+                  f"{100 * f.get('short_kernel_share', float('nan')):.0f}%\n")
+    for s in trace.get("stragglers", []):
+        out.write(f"straggler: rank {s['rank']}'s median step is {s['over_median']:.2f}x the median rank's\n")
+    wait = trace.get("comm_wait")
+    if wait:
+        out.write(f"communication wait imbalance across ranks: {100 * wait['imbalance']:.0f}%\n")

@@ -1,0 +1,29 @@
+"""Kernel launches (HTA `get_cuda_kernel_launch_stats`): how long after its launch call a GPU event
+starts, and how many GPU events are shorter than the call that launched them.
+
+The launch delay is the GPU start minus the end of the runtime call (cudaLaunchKernel,
+cudaLaunchKernelExC, cudaMemcpyAsync, cudaMemsetAsync), at least 0. A GPU event shorter than its
+launch call means the GPU finishes work faster than the host can issue it: host-bound evidence.
+Returns `launch_delay_us.{mean,p50,p90}`, `short_kernel_share` (fraction of launched GPU events)
+and `launches`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from profiler.traces.window import LAUNCHES, Window
+
+
+def analyze(window: Window) -> dict[str, Any]:
+    calls = window.host[window.host["name"].isin(LAUNCHES)]
+    pairs = calls.merge(window.gpu[["correlation", "ts", "dur"]], on="correlation", suffixes=("_cpu", "_gpu"))
+    if pairs.empty:
+        return {}
+    delay = np.clip(pairs["ts_gpu"] - pairs["ts_cpu"] - pairs["dur_cpu"], 0, None)
+    return {"launch_delay_us": {"mean": float(delay.mean()), "p50": float(delay.median()),
+                                "p90": float(delay.quantile(0.9))},
+            "short_kernel_share": float((pairs["dur_gpu"] < pairs["dur_cpu"]).mean()),
+            "launches": int(len(pairs))}

@@ -1,0 +1,119 @@
+"""Steps of one rank's trace: each `ProfilerStep#N` span a steps.parquet row, with the phases the
+trace tells apart.
+
+The step is the span torch.profiler's `ProfilerStep#N` annotation covers on the host (`step_s`,
+as profile-run's steps on CPU). Inside it, on the host timeline:
+- `data_s`: `enumerate(DataLoader)#...` annotations (waiting for the next batch);
+- `optimizer_s`: `Optimizer.step#...` and `Optimizer.zero_grad#...` annotations;
+- `backward_s`: autograd's `autograd::engine::evaluate_function: ...` operators, the rest left out;
+- `forward_s`: operators on the step's thread before the first backward operator, the rest left out;
+- `comm_s`: communication kernels launched in the step that no computation kernel overlaps on the
+  GPU (exposed), carved out of backward and capped at it, as profile-run's step timer does;
+- `other_s`: the remainder. `h2d_s` and `checkpoint_s` are 0: a trace does not mark them.
+Phases are disjoint, so they sum to `step_s`. Tokens and loss are not in a trace (NaN).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from profiler.metrics import PHASE_COLUMNS
+from profiler.traces import intervals
+from profiler.traces.reader import Trace
+from profiler.traces.window import COMMUNICATION, COMPUTATION, kind, rounded
+
+STEP = re.compile(r"^ProfilerStep#(\d+)$")
+DATA = "enumerate(DataLoader)"
+OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#")
+BACKWARD = "autograd::engine::evaluate_function"
+HOST_OPS = ("cpu_op", "user_annotation")
+
+
+def _spans(ev: pd.DataFrame, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ts = ev["ts"].to_numpy()[mask]
+    return intervals.merge(ts, ts + ev["dur"].to_numpy()[mask])
+
+
+def _inside(spans: tuple[np.ndarray, np.ndarray], lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+    return intervals.clip(spans[0], spans[1], lo, hi)
+
+
+def _minus(a: tuple[np.ndarray, np.ndarray], *others: tuple[np.ndarray, np.ndarray]) -> float:
+    """Time in `a` (merged) not covered by any of `others` (merged)."""
+    total = float((a[1] - a[0]).sum())
+    if not len(a[0]):
+        return 0.0
+    rest = [o for o in others if len(o[0])]
+    if not rest:
+        return total
+    cover = intervals.merge(np.concatenate([o[0] for o in rest]), np.concatenate([o[1] for o in rest]))
+    return total - intervals.overlap(a, cover)
+
+
+def step_rows(trace: Trace, rank: int) -> pd.DataFrame:
+    """One row per ProfilerStep span (columns: steps.parquet's, see docs/run-format.md)."""
+    ev = trace.events
+    names = pd.Series(trace.names, dtype=object)
+    name_of = names.to_numpy()[ev["name"].to_numpy()]
+    cat_of = np.asarray(trace.cats, dtype=object)[ev["cat"].to_numpy()]
+    host = ev["stream"].to_numpy() < 0
+    step_no = pd.Series(name_of).str.extract(STEP, expand=False)
+    is_step = host & (cat_of == "user_annotation") & step_no.notna().to_numpy()
+    if not is_step.any():
+        return pd.DataFrame()
+    text = pd.Series(name_of)
+    data = _spans(ev, host & text.str.startswith(DATA).to_numpy())
+    optimizer = _spans(ev, host & text.str.startswith(OPTIMIZER).to_numpy())
+    backward_mask = host & text.str.startswith(BACKWARD).to_numpy()
+    backward = _spans(ev, backward_mask)
+    op_mask = host & np.isin(cat_of, HOST_OPS) & ~is_step
+    comm_spans = _gpu_by_launch(trace)
+    rows = []
+    ts, dur, thread = ev["ts"].to_numpy(), ev["dur"].to_numpy(), ev["thread"].to_numpy()
+    for i in np.flatnonzero(is_step):
+        lo, hi = ts[i], ts[i] + dur[i]
+        d, o = _inside(data, lo, hi), _inside(optimizer, lo, hi)
+        b = _inside(backward, lo, hi)
+        first_backward = b[0][0] if len(b[0]) else hi
+        fwd_mask = op_mask & (thread == thread[i]) & (ts < first_backward) & (ts + dur > lo)
+        f = intervals.clip(*_spans(ev, fwd_mask), lo, first_backward)
+        data_s, optimizer_s = _minus(d), _minus(o, d)
+        backward_s, forward_s = _minus(b, d, o), _minus(f, d, o)
+        comm_s = min(_exposed_comm(comm_spans, lo, hi), backward_s)
+        row = {"step": int(step_no.iloc[i]), "rank": rank, "ts_end": hi / 1e6, "step_s": dur[i] / 1e6,
+               "host_s": dur[i] / 1e6, "data_s": data_s / 1e6, "h2d_s": 0.0, "forward_s": forward_s / 1e6,
+               "backward_s": (backward_s - comm_s) / 1e6, "optimizer_s": optimizer_s / 1e6, "comm_s": comm_s / 1e6,
+               "checkpoint_s": 0.0}
+        row["other_s"] = max(0.0, row["step_s"] - sum(row[c] for c in PHASE_COLUMNS if c != "other_s"))
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    return out.assign(tokens=np.nan, loss=np.nan, skipped=False, warmup=False, profiled=False)
+
+
+def _gpu_by_launch(trace: Trace) -> pd.DataFrame:
+    """Communication and computation GPU events with the host time of their launch call."""
+    ev = trace.events
+    gpu = ev[(ev["stream"] >= 0) & (ev["correlation"] >= 0)]
+    launch = ev[(ev["stream"] < 0) & (ev["correlation"] >= 0)].drop_duplicates("correlation")
+    if gpu.empty:
+        return pd.DataFrame(columns=["kind", "launch", "ts", "end"])
+    start, end = rounded(gpu)
+    kinds = {code: kind(trace.names[code]) for code in gpu["name"].unique()}
+    out = pd.DataFrame({"kind": gpu["name"].map(kinds).to_numpy(), "ts": start, "end": end,
+                        "launch": gpu["correlation"].map(launch.set_index("correlation")["ts"]).to_numpy()})
+    return out[out["kind"].isin((COMMUNICATION, COMPUTATION)) & out["launch"].notna()]
+
+
+def _exposed_comm(gpu: pd.DataFrame, lo: float, hi: float) -> float:
+    """Communication time of the kernels launched in [lo, hi) that no computation kernel overlaps (us)."""
+    here = gpu[(gpu["launch"] >= lo) & (gpu["launch"] < hi)]
+    comm = here[here["kind"] == COMMUNICATION]
+    if comm.empty:
+        return 0.0
+    comp = here[here["kind"] == COMPUTATION]
+    comm_u = intervals.merge(comm["ts"].to_numpy(), comm["end"].to_numpy())
+    comp_u = intervals.merge(comp["ts"].to_numpy(), comp["end"].to_numpy())
+    return float((comm_u[1] - comm_u[0]).sum()) - intervals.overlap(comm_u, comp_u)
