@@ -16,8 +16,9 @@
 
 `api.run` creates a run directory (status `running`), starts the step timer, the sampler and the
 torch.profiler window of `profile.trace_window` exactly as profile-run does (profiler.run.instruments),
-and on leaving the block closes them and finalizes the run: summary, diagnosis, `completed`; `failed`
-with the error on an exception and `interrupted` on Ctrl-C or SIGTERM, every step before it kept.
+and on leaving the block closes them and finalizes the run: summary, diagnosis, report.html,
+`completed`; `failed` with the error on an exception and `interrupted` on Ctrl-C or SIGTERM, every
+step before it kept.
 
 Phases are the vocabulary's (data, h2d, forward, backward, optimizer, checkpoint); any other name
 is accepted, shown in the trace window as `glmperf/<name>` and counted in the step's `other` time.
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import threading
@@ -55,7 +57,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from optimizers.config import build_section, section_to_dict
-from profiler import store
+from profiler import plugins, store
 from profiler.config import ProfileConfig
 from profiler.device import MATMUL_DTYPES, environment
 from profiler.instruments.comm import CommStats
@@ -67,6 +69,7 @@ SOURCE = "api"
 OPTIONS = ("name", "runs_dir", "config", "model", "flops_per_token", "profile", "device", "amp", "rank_wait_s")
 """The keywords `api.run` and the framework callbacks take."""
 NAN = float("nan")
+log = logging.getLogger("glmperf.api")
 
 
 class UsageError(RuntimeError):
@@ -265,6 +268,9 @@ class Run:
         if self.rank == 0:
             missing = _await_ranks(self.dir, self.world_size, self.rank_wait_s) if self.world_size > 1 else None
             self.status = finalize(self.dir, launcher_error=missing)["status"]
+            for command, outcome in plugins.after_run(self.dir):  # the HTML report, as profile-run writes it
+                if not isinstance(outcome, Path):
+                    log.warning("%s: %s", command, outcome)
         return self.status
 
     def __enter__(self) -> Run:
@@ -297,8 +303,9 @@ class Run:
         if self._phase is not None:
             raise UsageError(f"step {step.index} ended inside phase {self._phase!r}: end the phase first")
         if step.tokens is None:
-            raise UsageError(f"step {step.index} has no token count: pass run.step(tokens=N) or set step.tokens "
-                             "(input tokens this rank processed in the step)")
+            self.abandon_step()
+            raise UsageError(f"step {step.index} has no token count, so it was not recorded: pass "
+                             "run.step(tokens=N) or set step.tokens (input tokens this rank processed in the step)")
         loss = step.loss.detach() if isinstance(step.loss, torch.Tensor) else \
             torch.tensor(NAN if step.loss is None else float(step.loss))
         record = StepRecord(step=step.index, batch_size=int(step.batch_size), micro_batches=int(step.micro_batches),
