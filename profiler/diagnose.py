@@ -105,6 +105,8 @@ def _attention(f: Figures) -> float:
 def _host_bound(f: Figures) -> float:
     """CUDA: the idle share of the step that waiting for data does not explain; CPU: the share of
     forward, backward and optimizer in operator calls under 10 us."""
+    if known(f, "gpu_idle", "host_wait"):  # traces: the idle time spent waiting for the host's launches
+        return v(f, "gpu_idle") / 100 * v(f, "host_wait") / 100 if v(f, "device_busy") < DEVICE_BUSY else 0.0
     if known(f, "device_busy"):
         idle = 1 - v(f, "device_busy") / 100 - v(f, "data_wait") / 100
         return max(0.0, idle) if v(f, "device_busy") < DEVICE_BUSY else 0.0
@@ -113,6 +115,10 @@ def _host_bound(f: Figures) -> float:
 
 
 def _host_message(f: Figures) -> str:
+    if known(f, "gpu_idle", "host_wait"):  # traces: HTA's idle time breakdown and launch statistics
+        return (f"the GPU is idle {v(f, 'gpu_idle'):.0f}% of its time, {v(f, 'host_wait'):.0f}% of it waiting for the "
+                f"host to launch the next kernel; {v(f, 'short_kernels'):.0f}% of kernels run shorter than the call "
+                f"that launched them (median launch delay {v(f, 'launch_delay'):.0f} us): the host cannot feed it")
     if known(f, "device_busy"):
         return f"the GPU runs kernels only {v(f, 'device_busy'):.0f}% of the step: the host cannot feed it"
     return (f"{v(f, 'tiny_op_share'):.0f}% of operator time is in calls under 10 us ({v(f, 'op_calls_per_step'):.0f} "
@@ -148,11 +154,14 @@ RULES: tuple[Rule, ...] = (
          f"runs kernels < {DEVICE_BUSY:g}% of the step",
          ("tiny_op_share", "op_calls_per_step", "share.forward", "share.backward", "share.optimizer"), _host_bound,
          _host_message,
-         also=("device_busy", "data_wait")),
+         also=("device_busy", "data_wait", "gpu_idle", "host_wait", "launch_delay", "short_kernels")),
     Rule(Bottleneck.COMM_BOUND, f"exposed communication > {COMM_SHARE:g}% of the step", ("comm_exposed",),
          lambda f: v(f, "comm_exposed") / 100 if v(f, "comm_exposed") > COMM_SHARE else 0.0,
          lambda f: f"{v(f, 'comm_exposed'):.1f}% of the step waits on all-reduce "
-                   f"({v(f, 'comm_mib_per_step'):.2f} MiB a step, {v(f, 'comm_overlap'):.0f}% overlapped)",
+                   f"({v(f, 'comm_mib_per_step'):.2f} MiB a step, {v(f, 'comm_overlap'):.0f}% overlapped)"
+         if known(f, "comm_mib_per_step") else  # traces: exposed NCCL kernel time of the GPU's
+         f"{v(f, 'comm_exposed'):.1f}% of the GPU's time is NCCL communication no computation overlaps "
+         f"({v(f, 'comm_overlap'):.0f}% of it overlapped)",
          applies=lambda f: None if known(f, "comm_exposed") else "one rank: nothing is communicated"),
     Rule(Bottleneck.OPTIMIZER_BOUND, f"optimizer step > {OPTIMIZER_SHARE:g}% of the step", ("share.optimizer",),
          lambda f: v(f, "share.optimizer") / 100 if v(f, "share.optimizer") > OPTIMIZER_SHARE else 0.0,

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from profiler.analysis import breakdown, comm, environment, input_pipeline, memory, operators, stability
+from profiler.analysis import breakdown, comm, environment, gpu_trace, input_pipeline, memory, operators, stability
 from profiler.analysis.figures import Figure, Figures
 from profiler.analysis.loader import RunData, load_run
 from profiler.analysis.summary import summarize
 
 __all__ = ["Figure", "Figures", "RunData", "analyze", "load_run", "summarize", "summary_of"]
 
-ANALYZERS = (breakdown, memory, comm, input_pipeline, operators, stability, environment)
-"""One module per concern, each `analyze(run, summary) -> Figures` (pure, documented in its docstring)."""
+ANALYZERS = (breakdown, memory, comm, input_pipeline, operators, stability, environment, gpu_trace)
+"""One module per concern, each `analyze(run, summary) -> Figures` (pure, documented in its docstring); gpu_trace
+comes after operators: the traces' GPU busy time replaces the operators' estimate."""
 
 
 def summary_of(run: RunData) -> dict[str, Any]:
