@@ -33,6 +33,8 @@ class RunData:
     """Each rank's outcome: run.json's `ranks` once the run ended, else the ranks' live status files."""
     problems: list[str] = field(default_factory=list)
     """What is missing or unreadable; non-empty makes the status `corrupt`."""
+    kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """GPU kernel aggregates (kernels.parquet: imported traces); empty where the run has none."""
 
     @property
     def id(self) -> str:
@@ -79,5 +81,11 @@ def load_run(run_dir: str | Path) -> RunData:
             if not any(table in p for p in problems):
                 problems.append(str(exc))
     ranks = record.get("ranks") or store.read_rank_statuses(run_dir)
+    try:
+        kernels = store.read_table(run_dir, "kernels")
+    except store.StoreError as exc:
+        kernels = pd.DataFrame()
+        problems.append(str(exc))
     return RunData(path=run_dir, record=record, steps=tables["steps"], samples=tables["samples"],
-                   ops=tables["ops"], events=store.read_events(run_dir), ranks=ranks, problems=problems)
+                   ops=tables["ops"], events=store.read_events(run_dir), ranks=ranks, problems=problems,
+                   kernels=kernels)
