@@ -1,6 +1,6 @@
 """`glmperf dashboard` served for real and loaded in a headless Chromium (Debian's package, which .ci/run
 installs): each page's rendered DOM holds its heading, the runs and a drawn plotly figure; a
-screenshot of each is saved under the test's temp dir."""
+screenshot of the compare page is saved under the test's temp dir."""
 
 from __future__ import annotations
 
@@ -96,5 +96,6 @@ def test_every_page_renders_in_chromium(dashboard: tuple[str, list[str]], tmp_pa
         else:
             assert 'data-testid="stDataFrame"' in dom and 'role="gridcell"' in dom, name  # the runs table
         assert "Traceback" not in dom and 'data-testid="stException"' not in dom, name
-        chromium(address, f"--screenshot={tmp_path / f'{name}.png'}")
-        assert (tmp_path / f"{name}.png").stat().st_size > 10_000, name
+        if name == "compare":  # one screenshot to look at: each Chromium start costs seconds
+            chromium(address, f"--screenshot={tmp_path / f'{name}.png'}")
+            assert (tmp_path / f"{name}.png").stat().st_size > 10_000, name
