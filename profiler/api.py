@@ -98,12 +98,14 @@ class Step:
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The user's own module inside DDP/FSDP (`.module`) or torch.compile (`._orig_mod`) wrappers."""
+    """The user's own module inside DDP / DataParallel (`.module`) and torch.compile (`._orig_mod`)."""
     while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if not isinstance(inner, torch.nn.Module):
+        if isinstance(model, (DistributedDataParallel, torch.nn.DataParallel)):
+            model = model.module
+        elif isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+            model = model._orig_mod
+        else:
             return model
-        model = inner
 
 
 def model_record(model: torch.nn.Module | None, flops_per_token: float | None) -> dict[str, Any]:
@@ -135,9 +137,12 @@ def _device_of(model: torch.nn.Module | None, device: str | torch.device | None)
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def count_allreduces(model: torch.nn.Module | None, device: torch.device) -> tuple[CommStats | None, str]:
+def count_allreduces(model: torch.nn.Module | None, device: torch.device, world_size: int
+                     ) -> tuple[CommStats | None, str]:
     """Communication counters on a DDP model's gradient all-reduces (torch's own allreduce hook, the
     one DDP runs by default, wrapped as profile-run wraps it), or None and why not."""
+    if world_size == 1:
+        return None, "one process: nothing to communicate"
     if not isinstance(model, DistributedDataParallel):
         return None, "not measured: pass the DistributedDataParallel model as model= to count its all-reduces"
     comm = CommStats(device)
@@ -236,8 +241,8 @@ class Run:
         self.dir = _shared_run_dir(self._create, self.rank, self.world_size, self.runs_dir, self.rank_wait_s)
         _opened += 1
         self._record = RankRecord(self.dir, rank=self.rank, flush_interval_s=self.profile.flush_interval_s)
-        compiled = self.model is not None and hasattr(self.model, "_orig_mod")
-        comm, comm_note = count_allreduces(self.model, self.device)
+        compiled = isinstance(self.model, torch._dynamo.eval_frame.OptimizedModule)
+        comm, comm_note = count_allreduces(self.model, self.device, self.world_size)
         self._hooks, sampling = instruments(self.profile, self._record.writer, device=self.device, rank=self.rank,
                                             comm=comm, compiled=compiled)
         self._record.hooks = self._hooks
