@@ -29,6 +29,31 @@ if TYPE_CHECKING:
 log = logging.getLogger("glmperf.optimizers")
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes layout checks divide by (heads, layers, widths), read off the model protocol."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    hidden_size: int
+    intermediate_size: int
+
+
+def model_shape(model: nn.Module) -> ModelShape | None:
+    """The shape of a model that follows the protocol (`blocks`): its first block's sizes; None when
+    its blocks do not say their head counts and widths."""
+    layers = blocks(model)
+    first = layers[0]
+    attn, mlp = getattr(first, "self_attn", None), getattr(first, "mlp", None)
+    if not all(hasattr(attn, a) for a in ("num_heads", "num_key_value_heads")) or not hasattr(mlp, "down_proj"):
+        return None
+    return ModelShape(num_layers=len(layers), num_heads=first.self_attn.num_heads,
+                      num_kv_heads=first.self_attn.num_key_value_heads,
+                      hidden_size=first.mlp.down_proj.out_features,
+                      intermediate_size=first.mlp.down_proj.in_features)
+
+
 @dataclass(kw_only=True)
 class SetupContext:
     """Where the setup will run; switches that cannot run there refuse at config time.
@@ -54,6 +79,9 @@ class SetupContext:
     wrap_comm_hook: Callable[..., Any] | None = None
     """`wrap_comm_hook(torch_hook, wire_dtype) -> hook`: the profiler's communication recorder,
     registered by DDP in place of torch's hook (None: torch's hook as it is)."""
+    shape: ModelShape | None = None
+    """The model's sizes, for checks that divide them (parallel layouts); None: read off the model
+    when `apply_all` gets it."""
 
 
 class BatchController(Protocol):
@@ -97,6 +125,12 @@ class TrainSetup:
     """DataLoader keyword arguments chosen by the dataloader switch."""
     compiled: bool = False
     """True when torch.compile is on: the first steps include compile time."""
+    mesh: Any = None
+    """The device mesh of a sharded or model-parallel layout (a torch DeviceMesh with dims pp, dp,
+    fsdp, tp); None for one process or plain data parallel (DDP)."""
+    data_shard: tuple[int, int] | None = None
+    """(index, count) of the data-parallel replica this rank belongs to, for the loader: ranks of
+    one tensor-parallel group read the same batch. None: every rank is its own replica."""
     applied: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -130,7 +164,8 @@ class TrainSetup:
 def blocks(model: nn.Module) -> nn.ModuleList:
     """The model protocol: `model.blocks` is the list of transformer blocks, in order.
 
-    Each block has `self_attn` (with an `attention_fn` attribute the attention switch replaces)
+    Each block has `self_attn` (with an `attention_fn` attribute the attention switch replaces,
+    `num_heads` and `num_key_value_heads`, and `q_proj`, `k_proj`, `v_proj`, `o_proj` Linears)
     and `mlp` (with `gate_up_proj` and `down_proj` Linears, gate first). Blocks may be replaced
     in the list (parameter sharing) or have their `forward` wrapped (checkpointing).
     """
@@ -144,6 +179,23 @@ def blocks(model: nn.Module) -> nn.ModuleList:
 
 Check = Callable[["SwitchesConfig", SetupContext], "str | None"]
 """Returns the reason a configuration cannot run in this context, or None."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A further place in the pipeline where a switch acts on the setup, under its own section.
+
+    One switch may need several places: a parallel layout builds its mesh early, splits tensors
+    before checkpointing and compile wrap the blocks, and shards parameters after them. The switch's
+    `Optimization` record holds its facts and checks; a stage is only an `apply` at its position.
+    """
+
+    name: str
+    """Says what the stage does, in notes and errors (e.g. 'fsdp')."""
+    section: str
+    """The switch whose config section the stage reads (`switches.<section>`)."""
+    apply: Callable[[TrainSetup, Any, SetupContext], None]
+    enabled: Callable[[Any], bool]
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 ordered pipeline that turns config into a setup.
 
 Adding a switch is its module (section + apply + `Optimization` record), one line in ORDER, its
-test and its doc row (docs/optimizations.md): `SwitchesConfig` grows a field by itself.
+test and its doc row (docs/optimizations.md): `SwitchesConfig` grows a field by itself. A switch
+that acts at several places (a parallel layout) adds a `Stage` line for each further place; stages
+read their switch's section and are not registered themselves.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import importlib
 
 from torch import nn
 
-from optimizers.base import Registry, SetupContext, TrainSetup, check_context
+from optimizers.base import Optimization, Registry, SetupContext, Stage, TrainSetup, check_context, model_shape
 from optimizers.config import Section
 
 # The pipeline's order, and it matters; the reason stands beside each line: (module, record).
@@ -21,13 +23,15 @@ ORDER = (
     ("param_sharing", "OPTIMIZATION"),  # tie blocks before anything counts, prunes or wraps them
     ("ffn_pruning", "OPTIMIZATION"),  # shrink/mask FFN weights while the modules are still plain
     ("attention", "OPTIMIZATION"),  # choose the kernel before anything traces or wraps the blocks
+    ("parallel", "OPTIMIZATION"),  # process group and device mesh (pp x dp x fsdp x tp) for the stages below
     ("activation_checkpointing", "OPTIMIZATION"),  # wrap blocks before compile sees them (torchtitan)
     ("compile", "OPTIMIZATION"),  # compile the final block structure
-    ("memory_fraction", "OPTIMIZATION"),  # cap CUDA memory before DDP allocates its buckets
-    ("ddp", "OPTIMIZATION"),  # wrap last: DDP must see the final parameters and gradients
-    ("optim", "OPTIMIZER"),  # build over the final parameters (after sharing, pruning, wrapping)
+    ("memory_fraction", "OPTIMIZATION"),  # cap CUDA memory before FSDP or DDP allocate
+    ("amp", "OPTIMIZATION"),  # autocast dtype and GradScaler: FSDP gathers parameters in that dtype
+    ("fsdp", "STAGE"),  # shard after checkpointing and compile, per block then the root (torchtitan)
+    ("ddp", "OPTIMIZATION"),  # wrap last: DDP must see the final parameters (not with a sharded layout)
+    ("optim", "OPTIMIZER"),  # build over the final parameters (after sharing, pruning, sharding)
     ("optim", "LR_SCHEDULE"),  # needs the optimizer
-    ("amp", "OPTIMIZATION"),  # autocast dtype and GradScaler, read by the trainer
     ("grad_accumulation", "OPTIMIZATION"),  # micro-batches per step (uses DDP's no_sync if wrapped)
     ("stability", "STABILITY"),  # clip / guard settings read by the trainer
     ("dynamic_batch", "OPTIMIZATION"),  # batch controller, after everything that changes memory
@@ -35,9 +39,14 @@ ORDER = (
     ("checkpointing", "OPTIMIZATION"),  # save/resume policy (the trainer does the saving)
 )
 
+PIPELINE: list[Optimization | Stage] = [getattr(importlib.import_module(f"optimizers.{_module}"), _attr)
+                                        for _module, _attr in ORDER]
+"""ORDER's records and stages, in order: what `apply_all` runs."""
+
 REGISTRY = Registry()
-for _module, _attr in ORDER:
-    REGISTRY.register(getattr(importlib.import_module(f"optimizers.{_module}"), _attr))
+for _step in PIPELINE:
+    if isinstance(_step, Optimization):
+        REGISTRY.register(_step)
 
 # One field per switch, in pipeline order, defaulting to its section's defaults. Derived, not
 # written out, so that a new switch is its module and its ORDER line; `__module__` makes it
@@ -57,13 +66,20 @@ def check_all(switches: SwitchesConfig, ctx: SetupContext) -> None:
 
 
 def apply_all(model: nn.Module, switches: SwitchesConfig, ctx: SetupContext) -> TrainSetup:
-    """Apply every enabled switch in registry order and return what the trainer runs."""
+    """Apply every enabled switch and stage in pipeline order and return what the trainer runs."""
+    if ctx.shape is None:
+        ctx = dataclasses.replace(ctx, shape=model_shape(model))
     check_all(switches, ctx)
     setup = TrainSetup(model=model)
-    for opt in REGISTRY:
-        section = getattr(switches, opt.name)
-        if opt.always or opt.enabled(section):
-            opt.apply(setup, section, ctx)
-            if opt.enabled(section):
-                setup.applied.append(opt.name)
+    for step in PIPELINE:
+        if isinstance(step, Stage):
+            section = getattr(switches, step.section)
+            if step.enabled(section):
+                step.apply(setup, section, ctx)
+            continue
+        section = getattr(switches, step.name)
+        if step.always or step.enabled(section):
+            step.apply(setup, section, ctx)
+            if step.enabled(section):
+                setup.applied.append(step.name)
     return setup

@@ -147,6 +147,9 @@ def bucket_cap_mb(cfg: DdpConfig, backend: str, model: torch.nn.Module) -> float
 
 
 def apply_ddp(setup: TrainSetup, cfg: DdpConfig, ctx: SetupContext) -> None:
+    if setup.mesh is not None:
+        setup.note("ddp", "not applied: the parallel layout synchronizes gradients itself (switches.parallel)")
+        return
     if ctx.world_size == 1:
         if cfg != DdpConfig():
             setup.note("ddp", "one process: nothing to synchronize, settings unused (DDP needs --nproc N / torchrun)")

@@ -193,10 +193,12 @@ def build_run_config(data: dict[str, Any]) -> RunConfig:
 
 def load_config(*, config: Path | None = None, preset: str | None = None,
                 overrides: typing.Sequence[str] = (), nproc: int = 1,
-                base: dict[str, Any] | None = None) -> RunConfig:
+                base: dict[str, Any] | None = None, check_here: bool = True) -> RunConfig:
     """Resolve base -> preset -> file -> overrides into a validated RunConfig (no side effects).
 
     `base` is a resolved config as plain data (a stored run's `config`), to start from that run.
+    `check_here=False` skips the checks that this machine can run the config (its device, corpus and
+    toolchain), for commands that only reason about a run meant for elsewhere (`glmperf plan`).
     """
     data: dict[str, Any] = {}
     if base is not None:
@@ -214,7 +216,8 @@ def load_config(*, config: Path | None = None, preset: str | None = None,
     for text in overrides:
         _set_path(data, *parse_override(text))
     cfg = build_run_config(data)
-    validate(cfg, nproc=nproc)
+    if check_here:
+        validate(cfg, nproc=nproc)
     return cfg
 
 
@@ -230,5 +233,5 @@ def validate(cfg: RunConfig, *, nproc: int = 1) -> None:
     if device.type == "cuda" and not __import__("torch").cuda.is_available():
         raise ConfigError("train.device", f"got {cfg.train.device!r} but CUDA is not available; allowed: cpu, auto")
     ctx = setup_context(cfg.train, cfg.data, device=device, rank=0, world_size=nproc,
-                        memory_budget_bytes=cfg.memory_budget_bytes)
+                        memory_budget_bytes=cfg.memory_budget_bytes, model=cfg.model)
     check_all(cfg.switches, ctx)

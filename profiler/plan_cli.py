@@ -1,13 +1,85 @@
-"""`glmperf plan`: per-rank memory and communication of a layout before running it (being built)."""
+"""`glmperf plan`: per-rank memory and communication of a config's layout, before running it.
+
+    glmperf plan --preset glm4-9b --nproc 8 --set switches.parallel.fsdp=8 --gpu h200 [--json]
+
+Computed on this machine without the devices it plans for (profiler.plan); exit code 0 when the
+plan fits (or no capacity was given), 1 when it does not, 2 for a config or layout that cannot run.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+
+from optimizers import ConfigError
+from profiler.config import load_config
+from profiler.plan import GPUS_GB, Plan, plan
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    subparsers.add_parser("plan", help="per-rank memory and communication of a config's layout, without running it")
+    p = subparsers.add_parser("plan", help="per-rank memory and communication of a config's layout, without running it")
+    p.add_argument("--preset", help="a shipped config (configs/<name>.yaml) or a model preset")
+    p.add_argument("--config", type=Path, help="a YAML config file (after the preset)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config value, e.g. switches.parallel.fsdp=8 (repeatable)")
+    p.add_argument("--nproc", type=int, default=1, help="ranks (devices) the run would have")
+    p.add_argument("--gpu", choices=sorted(GPUS_GB), help="the device whose memory the plan must fit in")
+    p.add_argument("--memory-gb", type=float, help="the memory of one device in GB (1e9 bytes), instead of --gpu")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(runs_dir=None)  # a plan reads and writes no runs
+
+
+def capacity(args: argparse.Namespace, budget_gb: float) -> int | None:
+    """Bytes one device holds: --memory-gb, --gpu, else the config's profile.memory_budget_gb (GiB)."""
+    if args.memory_gb is not None:
+        if args.memory_gb <= 0:
+            raise ConfigError("--memory-gb", f"got {args.memory_gb}; allowed: a number > 0")
+        return int(args.memory_gb * 1e9)
+    if args.gpu:
+        return int(GPUS_GB[args.gpu] * 1e9)
+    return int(budget_gb * 2**30) or None
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:,.2f} GB"
+
+
+def render(p: Plan) -> str:
+    """The plan as a console table, its verdict, advice and assumptions."""
+    lines = [f"plan: {p.preset} on {p.nproc} rank(s), layout {p.layout.describe()}, micro-batch {p.micro_batch}",
+             "", "per rank            bytes        held in"]
+    for part in ("params", "grads", "optimizer", "activations", "buffers"):
+        lines.append(f"  {part:<12} {_gb(p.per_rank_bytes[part]):>14}   {p.precision[part]}")
+    lines.append(f"  {'total':<12} {_gb(p.per_rank_bytes['total']):>14}")
+    ac = p.activations_by_checkpointing
+    lines.append(f"  activations by checkpointing: off {_gb(ac['off'])}, full {_gb(ac['full'])}, "
+                 f"selective every 2 {_gb(ac['selective'])}")
+    comm = p.comm_bytes_per_step
+    lines += ["", "communication per step (payload): " + ", ".join(
+        f"{kind} {_gb(comm[kind])}" for kind in ("all_gather", "reduce_scatter", "all_reduce", "send_recv", "total"))]
+    if p.bubble is not None:
+        lines.append(f"pipeline bubble: {p.bubble:.1%} of the step (theory: (p-1)/(v*m+p-1))")
+    lines.append("")
+    if p.capacity_bytes is None:
+        lines.append("fits: unknown (give --gpu NAME or --memory-gb N)")
+    else:
+        lines.append(f"fits: {'yes' if p.fits else 'NO'}: {_gb(p.per_rank_bytes['total'])} of "
+                     f"{_gb(p.capacity_bytes)} per device")
+    for text in p.advice:
+        lines.append(f"  to fit: {text}")
+    lines += ["", "assumptions:"] + [f"  - {a}" for a in p.assumptions]
+    return "\n".join(lines)
 
 
 def main(args: argparse.Namespace) -> int:
-    raise NotImplementedError
+    try:
+        cfg = load_config(config=args.config, preset=args.preset, overrides=args.overrides, nproc=args.nproc,
+                          check_here=False)
+        result = plan(cfg, args.nproc, capacity_bytes=capacity(args, cfg.profile.memory_budget_gb))
+    except ConfigError as exc:
+        print(f"glmperf plan: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.to_dict(), indent=2) if args.json else render(result))
+    return 1 if result.fits is False else 0

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from optimizers import SetupContext, SwitchesConfig, TrainSetup, apply_all
+from optimizers.base import ModelShape
 from reference_model.checkpoint import load_latest, save_checkpoint
 from reference_model.config import DataConfig, GLMConfig, TrainConfig
 from reference_model.data import build_loader
@@ -124,11 +126,13 @@ def dist_env() -> tuple[int, int]:
 def setup_context(train: TrainConfig, data: DataConfig, *, device: torch.device | None = None,
                   rank: int | None = None, world_size: int | None = None,
                   memory_budget_bytes: int | None = None,
-                  wrap_comm_hook: Callable[..., Any] | None = None) -> SetupContext:
+                  wrap_comm_hook: Callable[..., Any] | None = None,
+                  model: GLMConfig | None = None) -> SetupContext:
     """The one way to build the context switches are checked and applied in, from the config.
 
     `device`, `rank` and `world_size` default to what this process is (train.device resolved,
     torchrun's environment); a launcher checking a config for N ranks passes `world_size=N`.
+    `model` gives the checks the model's sizes before it is built (layouts must divide its heads).
     """
     env_rank, env_world = dist_env()
     return SetupContext(device=device if device is not None else resolve_device(train.device),
@@ -136,7 +140,15 @@ def setup_context(train: TrainConfig, data: DataConfig, *, device: torch.device 
                         rank=env_rank if rank is None else rank,
                         total_steps=train.steps, lr=train.lr, batch_size=train.batch_size,
                         seq_len=data.seq_len, objective=data.objective,
-                        memory_budget_bytes=memory_budget_bytes, wrap_comm_hook=wrap_comm_hook)
+                        memory_budget_bytes=memory_budget_bytes, wrap_comm_hook=wrap_comm_hook,
+                        shape=None if model is None else shape_of(model))
+
+
+def shape_of(cfg: GLMConfig) -> ModelShape:
+    """The sizes layout checks divide, from the model config."""
+    return ModelShape(num_layers=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads,
+                      num_kv_heads=cfg.num_key_value_heads, hidden_size=cfg.hidden_size,
+                      intermediate_size=cfg.intermediate_size)
 
 
 class Trainer:
@@ -153,7 +165,7 @@ class Trainer:
         self.switches = switches or SwitchesConfig()
         self.hooks = list(hooks)
         self.run_dir = run_dir
-        self.ctx = ctx if ctx is not None else setup_context(train_cfg, data_cfg)
+        self.ctx = ctx if ctx is not None else setup_context(train_cfg, data_cfg, model=model_cfg)
         self.device = self.ctx.device
         self._watching: deque[tuple[int, LazyScalars]] = deque()
         if self.device.type == "cuda" and self.device.index is not None:
@@ -167,10 +179,12 @@ class Trainer:
         self.checkpoint_dir = Path(ck.dir) if ck.dir else (run_dir / "checkpoints" if run_dir else None)
         if ck.resume:
             self._resume()
+        # ranks of one data-parallel replica (a tensor-parallel group) read the same batch
+        replica, replicas = self.setup.data_shard or (self.ctx.rank, self.ctx.world_size)
         self.loader = build_loader(
             data_cfg, batch_size=self._batch_size(), seed=train_cfg.seed, start_step=self.start_step,
-            accumulation_steps=self.setup.accumulation_steps, rank=self.ctx.rank,
-            world_size=self.ctx.world_size, loader_options=self.setup.loader_options)
+            accumulation_steps=self.setup.accumulation_steps, rank=replica,
+            world_size=replicas, loader_options=self.setup.loader_options)
         self.flops_per_token = self.setup.raw_model.flops_per_token(data_cfg.seq_len)
 
     # -- hooks ------------------------------------------------------------------------------
@@ -194,6 +208,19 @@ class Trainer:
     def _batch_size(self) -> int:
         ctl = self.setup.batch_controller
         return ctl.batch_size if ctl is not None else self.train_cfg.batch_size
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes of parameters, gradients and optimizer state this rank holds (its shards only under a
+        sharded layout); the optimizer's state exists after the first step."""
+        def local(t: torch.Tensor) -> int:
+            t = t.to_local() if isinstance(t, DTensor) else t
+            return t.numel() * t.element_size()
+
+        params = list({id(p): p for p in self.setup.raw_model.parameters()}.values())
+        state = self.setup.optimizer.state.values()
+        return {"params": sum(local(p) for p in params),
+                "grads": sum(local(p.grad) for p in params if p.grad is not None),
+                "optimizer": sum(local(v) for s in state for v in s.values() if isinstance(v, torch.Tensor))}
 
     def state_dict(self, step: int) -> dict[str, Any]:
         s = self.setup
@@ -312,6 +339,8 @@ class Trainer:
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, s.clip_grad_norm)
             else:
                 grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+            if isinstance(grad_norm, DTensor):  # sharded gradients: each rank holds a part of the norm
+                grad_norm = grad_norm.full_tensor()
             skipped = self._guard(step, loss, grad_norm, batch)
             scale = None
             if s.scaler is not None:

@@ -36,7 +36,7 @@ ENABLED = {
     "lr_schedule": "step", "dataloader": 1, "dynamic_batch": "latency", "stability": {"clip_grad_norm": 0.5},
     "init": "xavier", "checkpoint": 5,
 }
-NEEDS_OTHER_CONTEXT = {"ddp": "several ranks", "memory_fraction": "CUDA"}
+NEEDS_OTHER_CONTEXT = {"ddp": "several ranks", "memory_fraction": "CUDA", "parallel": "several ranks"}
 
 
 def model() -> GLMForCausalLM:

@@ -1,0 +1,47 @@
+"""Fully sharded data parallel (FSDP2 `fully_shard`, ZeRO-3; 000 ch.6): a stage of `switches.parallel`.
+
+Every parameter becomes a DTensor sharded on dim 0 over the mesh's fsdp dim, so each rank holds
+1/fsdp of the parameters and, since gradients and optimizer state follow their parameters, of
+those too. Each block is its own unit (its parameters are all-gathered just before its forward and
+its gradients reduce-scattered as soon as its backward ends, overlapping the neighbours' compute);
+the root unit, applied last, holds the rest (embedding, final norm, lm_head). With dp > 1 as well
+the mesh is 2-D (HSDP): shards within fsdp, replicas across dp, whose gradients are all-reduced.
+
+`reshard_after_forward` chooses ZeRO-3 (free after forward, gather again in backward) or a
+ZeRO-2-like layout (keep the gathered block until backward: one all-gather less per block, the
+whole unsharded model in memory by the end of forward). Under amp=bf16 the mixed precision policy
+gathers bf16 parameters (half the bytes) and reduces gradients in fp32, as torchtitan does.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from optimizers.base import SetupContext, Stage, TrainSetup, blocks
+from optimizers.parallel import ParallelConfig, layout
+
+
+def mixed_precision(autocast_dtype: torch.dtype | None) -> MixedPrecisionPolicy:
+    """Parameters gathered in the autocast dtype, gradients reduced in fp32 (None: fp32 throughout)."""
+    return MixedPrecisionPolicy(param_dtype=autocast_dtype, reduce_dtype=torch.float32)
+
+
+def apply_fsdp(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> None:
+    lay = layout(cfg, ctx.world_size)
+    mesh = setup.mesh["dp", "fsdp"] if lay.dp > 1 else setup.mesh["fsdp"]
+    policy = mixed_precision(setup.autocast_dtype)
+    distinct = list({id(b): b for b in blocks(setup.raw_model)}.values())
+    for block in distinct:
+        fully_shard(block, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=policy)
+    # the root keeps its parameters gathered after forward (torch's default for it): backward needs them first
+    fully_shard(setup.raw_model, mesh=mesh, mp_policy=policy)
+    kind = "HSDP" if lay.dp > 1 else ("ZeRO-3" if cfg.reshard_after_forward else "ZeRO-2-like")
+    dtype = str(setup.autocast_dtype).removeprefix("torch.") if setup.autocast_dtype else "fp32"
+    setup.note("fsdp", f"{kind}: {len(distinct)} blocks then the root sharded {lay.fsdp} ways"
+                       + (f", replicated {lay.dp} ways" if lay.dp > 1 else "")
+                       + f"; reshard_after_forward={cfg.reshard_after_forward}, params gathered in {dtype}, "
+                         "gradients reduced in fp32")
+
+
+STAGE = Stage(name="fsdp", section="parallel", apply=apply_fsdp, enabled=lambda c: c.fsdp > 1)

@@ -1,0 +1,240 @@
+"""Parallel layouts: the device mesh of data x fully-sharded x tensor x pipeline parallelism (000 ch.6; 004 4.2).
+
+`switches.parallel` names the degrees of the model-sharding techniques; data parallelism is what is
+left of the world size: dp = world / (fsdp x tp x pp). The mesh's dims are, outermost first,
+pp, dp, fsdp, tp (torchtitan's order: tensor parallelism innermost, on the fastest links, since it
+communicates inside every block; pipeline stages outermost, since they exchange only activations).
+
+Each technique is its own module and its own place in the catalog's pipeline (optimizers.catalog):
+this one checks the layout at config time and builds the mesh; `tensor_parallel` splits the
+attention and MLP matmuls before activation checkpointing and compile wrap the blocks; `fsdp`
+shards parameters, gradients and optimizer state after them, per block and then the root. With
+every degree 1 nothing happens here and several ranks are plain DDP (optimizers.ddp).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from optimizers.base import ModelShape, Optimization, SetupContext, TrainSetup
+from optimizers.config import Section
+from optimizers.ddp import DdpConfig, init_process_group
+from optimizers.facts import Candidate, Effect
+from optimizers.vocabulary import Bottleneck, Capability
+
+if TYPE_CHECKING:
+    from optimizers.catalog import SwitchesConfig
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+MESH_DIMS = ("pp", "dp", "fsdp", "tp")
+
+
+@dataclass
+class ParallelConfig(Section):
+    KEY: ClassVar[str] = "switches.parallel"
+    fsdp: int = 1
+    """Ranks that shard parameters, gradients and optimizer state (FSDP2 `fully_shard`); each holds 1/fsdp."""
+    reshard_after_forward: bool = True
+    """fsdp: free the gathered parameters after each block's forward and gather them again in backward
+    (ZeRO-3); false keeps them gathered until backward (ZeRO-2-like: less communication, more memory)."""
+    tp: int = 1
+    """Ranks that split each block's attention heads and MLP width (Megatron colwise/rowwise)."""
+    sequence_parallel: bool = False
+    """tp: also split the norms' activations along the sequence (less activation memory per rank)."""
+    pp: int = 1
+    """Pipeline stages: the blocks are cut into pp consecutive groups, one per stage."""
+    schedule: str = "1f1b"
+    """pp: gpipe (all forwards, then all backwards), 1f1b, or interleaved_1f1b (virtual stages)."""
+    microbatches: int = 0
+    """pp: micro-batches each batch is split into (0: as many as stages)."""
+    virtual_stages: int = 2
+    """interleaved_1f1b: model chunks per pipeline rank."""
+
+    def __post_init__(self) -> None:
+        for name in ("fsdp", "tp", "pp", "virtual_stages"):
+            self.check_range(name, lo=1)
+        self.check_range("microbatches", lo=0)
+        self.check_choice("schedule", SCHEDULES)
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks one data-parallel replica spans: fsdp x tp x pp."""
+        return self.fsdp * self.tp * self.pp
+
+    @property
+    def pipeline_microbatches(self) -> int:
+        return self.microbatches or self.pp
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a world of ranks is cut: degrees of every mesh dim, dp the remainder."""
+
+    dp: int
+    fsdp: int
+    tp: int
+    pp: int
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.fsdp * self.tp * self.pp
+
+    @property
+    def sharded(self) -> bool:
+        """Whether a mesh is needed (anything but plain data parallel)."""
+        return self.fsdp * self.tp * self.pp > 1
+
+    def describe(self) -> str:
+        return " x ".join(f"{name}={getattr(self, name)}" for name in ("dp", "fsdp", "tp", "pp"))
+
+
+def layout(cfg: ParallelConfig, world_size: int) -> Layout:
+    """The layout of `cfg` on `world_size` ranks (assumes `layout_problem` found none)."""
+    return Layout(dp=max(1, world_size // cfg.model_parallel), fsdp=cfg.fsdp, tp=cfg.tp, pp=cfg.pp)
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def layout_problem(cfg: ParallelConfig, world_size: int, shape: ModelShape | None, *,
+                   batch_size: int) -> str | None:
+    """Why `cfg` cannot be laid out on `world_size` ranks for a model of `shape`, or None.
+
+    Names the degrees and what they must divide, so the fix is in the message.
+    """
+    product = cfg.model_parallel
+    if world_size % product:
+        return (f"fsdp={cfg.fsdp} x tp={cfg.tp} x pp={cfg.pp} = {product} does not divide the world size "
+                f"{world_size}; their product must divide it (data parallelism takes the rest): "
+                f"allowed products: {_divisors(world_size)}")
+    if cfg.pp > 1:
+        micro = cfg.pipeline_microbatches
+        if batch_size % micro:
+            return (f"microbatches={micro} does not divide train.batch_size={batch_size}; allowed: "
+                    f"{_divisors(batch_size)}")
+        if cfg.schedule == "interleaved_1f1b" and micro % cfg.pp:
+            return f"interleaved_1f1b needs microbatches ({micro}) to be a multiple of pp={cfg.pp}"
+    if shape is None:
+        return None
+    if cfg.tp > 1:
+        for what, size in (("num_attention_heads", shape.num_heads), ("num_key_value_heads", shape.num_kv_heads),
+                           ("intermediate_size", shape.intermediate_size)):
+            if size % cfg.tp:
+                return (f"tp={cfg.tp} does not divide {what}={size}: each tensor-parallel rank holds whole "
+                        f"heads (query and key/value alike, so grouped-query attention keeps its groups) and "
+                        f"an equal share of the MLP width; allowed tp: "
+                        f"{_divisors(math.gcd(shape.num_heads, shape.num_kv_heads, shape.intermediate_size))}")
+    if cfg.pp > 1:
+        chunks = cfg.pp * (cfg.virtual_stages if cfg.schedule == "interleaved_1f1b" else 1)
+        if shape.num_layers % chunks:
+            return (f"pp={cfg.pp}" + (f" x virtual_stages={cfg.virtual_stages}" if chunks != cfg.pp else "")
+                    + f" = {chunks} stages do not divide num_hidden_layers={shape.num_layers}; allowed: a "
+                    f"divisor of it ({_divisors(shape.num_layers)})")
+    return None
+
+
+def _check_layout(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+    return layout_problem(switches.parallel, ctx.world_size, ctx.shape, batch_size=ctx.batch_size)
+
+
+# Switches that change the blocks in ways a sharded layout cannot follow: reason beside each.
+_CONFLICTS = (
+    ("param_sharing", lambda s: s.param_sharing.mode != "off",
+     "one block's parameters run at several positions, which a pipeline cannot cut and FSDP cannot "
+     "gather once per position"),
+    ("ffn_pruning", lambda s: s.ffn_pruning.mode != "off",
+     "its masks and narrowed widths act on whole weights, not on shards"),
+    ("dynamic_batch", lambda s: s.dynamic_batch.mode != "off",
+     "every rank of a sharded layout must run the same batch size at every step"),
+)
+
+
+def _check_conflicts(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+    cfg = switches.parallel
+    if cfg.model_parallel == 1:
+        return None
+    for name, active, why in _CONFLICTS:
+        if active(switches):
+            return f"fsdp={cfg.fsdp}, tp={cfg.tp}, pp={cfg.pp} cannot run with switches.{name}: {why}"
+    return None
+
+
+def _check_trainer(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+    """What the reference trainer does not run yet, though a layout may be planned with it."""
+    cfg = switches.parallel
+    if cfg.model_parallel == 1:
+        return None
+    if cfg.pp > 1:
+        return (f"pp={cfg.pp}: this trainer does not run pipeline schedules; `glmperf plan` plans them. "
+                "allowed for training: pp=1 (use fsdp or tp to split the model)")
+    if cfg.tp > 1:
+        return (f"tp={cfg.tp}: this trainer does not split matmuls across ranks; `glmperf plan` plans it. "
+                "allowed for training: tp=1 (use fsdp to shard the model)")
+    if switches.checkpoint.every or switches.checkpoint.resume:
+        return (f"fsdp={cfg.fsdp}: checkpoints of sharded parameters are not written by this trainer; "
+                "allowed: switches.checkpoint.every=0 and resume=false")
+    if switches.amp.dtype == "fp16":
+        return f"fsdp={cfg.fsdp} with amp=fp16: the GradScaler does not unscale sharded gradients; use amp=bf16"
+    return None
+
+
+LAYOUT_CHECKS = (_check_layout, _check_conflicts)
+"""The checks a layout must pass wherever it runs (`glmperf plan` applies these alone)."""
+
+
+def build_mesh(lay: Layout, device: torch.device) -> torch.distributed.device_mesh.DeviceMesh:
+    """The (pp, dp, fsdp, tp) device mesh over every rank of the default group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (lay.pp, lay.dp, lay.fsdp, lay.tp), mesh_dim_names=MESH_DIMS)
+
+
+def apply_parallel(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> None:
+    """Join the process group and build the mesh; the loader then shards data by data-parallel replica."""
+    lay = layout(cfg, ctx.world_size)
+    if ctx.device.type == "cuda":
+        from optimizers.ddp import local_rank
+
+        device = torch.device("cuda", local_rank())
+        torch.cuda.set_device(device)
+        setup.raw_model.to(device)
+    backend = init_process_group(DdpConfig(), ctx)
+    mesh = build_mesh(lay, ctx.device)
+    setup.mesh = mesh
+    # the batch is split over dp x fsdp: both are replicas of the data; tp and pp ranks share a batch
+    setup.data_shard = (mesh.get_local_rank("dp") * lay.fsdp + mesh.get_local_rank("fsdp"), lay.dp * lay.fsdp)
+    setup.note("parallel", f"{ctx.world_size} ranks over {backend} as {lay.describe()} "
+                           f"(mesh pp x dp x fsdp x tp); data split {setup.data_shard[1]} ways")
+
+
+OPTIMIZATION = Optimization(
+    name="parallel", config=ParallelConfig, apply=apply_parallel, enabled=lambda c: c.model_parallel > 1,
+    addresses=(Bottleneck.MEMORY_BOUND,),
+    effect="fsdp=N keeps 1/N of the parameters, gradients and optimizer state on each rank (the model "
+           "states of a large model dominate its memory); tp=N splits each block's weights and most "
+           "activations N ways; pp=N holds 1/N of the blocks per rank",
+    cost="fsdp all-gathers every block's parameters in forward (and again in backward with "
+         "reshard_after_forward) and reduce-scatters gradients: about 1.5x DDP's bytes; tp all-reduces "
+         "activations twice per block in forward and in backward; pp idles (p-1)/(m+p-1) of a step",
+    risk="same results up to the order of floating-point sums; a layout that does not divide the "
+         "heads, layers or world size is refused",
+    source="000 ch.6 (ZeRO-3 with tensor parallelism); 004 4.2",
+    needs="several ranks (torchrun --nproc_per_node N) whose number the degrees' product divides",
+    checks=(_check_layout, _check_conflicts, _check_trainer),
+    candidates=(
+        Candidate(set={"switches.parallel.fsdp": lambda fsdp: fsdp * 2}, requires=(Capability.SEVERAL_RANKS,),
+                  applies=lambda c: c.tp == 1 and c.pp == 1,
+                  effects=(Effect("peak_memory", "shrinks", 0.2, 0.5,
+                                  basis="docs/BENCHMARKS.md section 12: fsdp=2 holds half of DDP's parameter, "
+                                        "gradient and optimizer bytes per rank; activations are not sharded"),
+                           Effect("comm_bytes", "grows", 0.4, 0.6,
+                                  basis="all-gather in forward and backward plus reduce-scatter: 1.5x the "
+                                        "bytes of one all-reduce of the gradients")),
+                  note="ranks hold 1/fsdp of the model states; `glmperf plan` computes the new per-rank bytes"),
+    ),
+)

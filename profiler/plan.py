@@ -1,0 +1,356 @@
+"""Per-rank memory and communication of a run's parallel layout, computed without running it.
+
+`plan(cfg, nproc)` answers "does this config fit, and what does a step send?" before anyone pays
+for the devices, on any machine (a CPU laptop planning a GPU run):
+
+- parameters, gradients and optimizer state: from the real model built on the meta device (no
+  memory), each parameter sliced as the layout slices it: tensor parallelism by the plan of
+  `optimizers.tensor_parallel`, pipeline stages by consecutive blocks, FSDP on dim 0 rounded up
+  (as `fully_shard` pads), fp32 master weights and gradients, the optimizer's state per element;
+- activations: the real model's forward traced under FakeTensorMode (shapes only, as torchtitan's
+  memory estimator does) at a rank's local shapes, counting the distinct storages autograd saves
+  for backward and the logits (`saved_bytes`, the same count a run measures), then scaled by the
+  blocks a rank holds, the micro-batches a pipeline schedule keeps in flight, and checkpointing;
+- buffers: what FSDP gathers while a unit computes (two blocks and the root, or the whole model
+  without resharding), in the dtype it gathers;
+- communication per optimizer step, by collective, as payload bytes (the full tensor an
+  all-gather produces, a reduce-scatter or all-reduce consumes; send/recv what a rank sends and
+  receives); on a ring each rank moves (n-1)/n of an all-gather's or reduce-scatter's payload and
+  2(n-1)/n of an all-reduce's.
+
+What it leaves out is listed in `Plan.assumptions`. The layout is checked with the checks runs use
+(`optimizers.parallel.LAYOUT_CHECKS`), so a plan refuses what a run would refuse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from optimizers import ConfigError
+from optimizers.parallel import LAYOUT_CHECKS, Layout, ParallelConfig, layout
+from optimizers.tensor_parallel import ALL_REDUCES_PER_BLOCK, sharded_dim
+from profiler.config import RunConfig, build_run_config
+from reference_model.config import model_config
+from reference_model.model import GLMForCausalLM
+from reference_model.trainer import setup_context
+
+GPUS_GB: dict[str, float] = {"a100-40gb": 40.0, "a100-80gb": 80.0, "h100": 80.0, "h200": 141.0,
+                             "b200": 180.0, "l40s": 48.0, "rtx4090": 24.0}
+"""Device memory by name (the vendors' datasheets, GB = 1e9 bytes), for `--gpu`."""
+
+OPTIMIZER_STATES: dict[str, Callable[[Any], int]] = {
+    "adamw": lambda c: 2, "sgd": lambda c: int(c.momentum > 0), "rmsprop": lambda c: 1 + int(c.momentum > 0),
+    "adagrad": lambda c: 1,
+}
+"""fp32 state tensors per parameter element, by optimizer (AdamW: exp_avg, exp_avg_sq)."""
+
+STEP_SCALAR = {"adamw": 4, "sgd": 0, "rmsprop": 4, "adagrad": 4}
+"""Bytes of the per-parameter `step` counter each optimizer keeps (a float32 scalar tensor)."""
+
+_DTYPE_BYTES = {"off": 4, "bf16": 2, "fp16": 2}
+
+
+# --------------------------------------------------------------------------------------------
+# Activations: the distinct storages autograd saves, traced at shapes only
+
+
+def saved_bytes(model: nn.Module, input_ids: torch.Tensor, autocast_dtype: torch.dtype | None) -> int:
+    """Bytes of the distinct storages one forward saves for backward (parameters excluded), plus the
+    logits: what a step holds between forward and backward. Runs on real or fake tensors alike."""
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, nn.Parameter):
+            storage = t.untyped_storage()
+            saved[storage._cdata] = storage.nbytes()
+        return t
+
+    device_type = input_ids.device.type
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast(
+            device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        out = model(input_ids, labels=input_ids)
+    logits = out.logits.untyped_storage()
+    saved.setdefault(logits._cdata, logits.nbytes())
+    return sum(saved.values())
+
+
+@dataclass(frozen=True)
+class ActivationTrace:
+    """Saved bytes of one block and of the rest (embedding, final norm, lm_head, loss) at a rank's shapes."""
+
+    block: int
+    rest: int
+    block_input: int
+    """The residual stream entering a block (what a checkpointed block keeps)."""
+
+
+def trace_activations(cfg: RunConfig, *, tp: int, micro_batch: int) -> ActivationTrace:
+    """Trace 1- and 2-block models with tp's local head counts and MLP width under FakeTensorMode."""
+    m = cfg.model
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.switches.amp.dtype)
+    shape = dict(num_attention_heads=m.num_attention_heads // tp, num_key_value_heads=m.num_key_value_heads // tp,
+                 intermediate_size=m.intermediate_size // tp)
+    fields = {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name != "preset"}
+    totals = []
+    with FakeTensorMode():
+        for layers in (1, 2):
+            model = GLMForCausalLM(model_config(m.preset, **{**fields, **shape, "num_hidden_layers": layers}))
+            ids = torch.zeros(micro_batch, cfg.data.seq_len, dtype=torch.long)
+            totals.append(saved_bytes(model, ids, dtype))
+    block = totals[1] - totals[0]
+    return ActivationTrace(block=block, rest=totals[0] - block,
+                           block_input=micro_batch * cfg.data.seq_len * m.hidden_size * 4)
+
+
+# --------------------------------------------------------------------------------------------
+# The plan
+
+
+@dataclass
+class Plan:
+    """Per-rank bytes (the busiest rank: the largest pipeline stage, FSDP's rounded-up shard) and
+    per-step communication of one config on `nproc` ranks."""
+
+    preset: str
+    nproc: int
+    layout: Layout
+    micro_batch: int
+    """Samples per forward on a rank (a pipeline's micro-batch)."""
+    per_rank_bytes: dict[str, int]
+    """params, grads, optimizer, activations, buffers, total."""
+    precision: dict[str, str]
+    """The dtype each part is held in."""
+    activations_by_checkpointing: dict[str, int]
+    """Activation bytes per rank with checkpointing off, full, and selective every 2."""
+    comm_bytes_per_step: dict[str, int]
+    """all_gather, reduce_scatter, all_reduce, send_recv, total: payload bytes per optimizer step."""
+    bubble: float | None
+    """A pipeline's idle share of the step, (p-1)/(v*m+p-1); None without one."""
+    capacity_bytes: int | None = None
+    advice: list[str] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.capacity_bytes is None else self.per_rank_bytes["total"] <= self.capacity_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["layout"] = dataclasses.asdict(self.layout)
+        out["fits"] = self.fits
+        return out
+
+
+def _param_table(cfg: RunConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every distinct parameter of the real model, built on the meta device."""
+    with torch.device("meta"):
+        model = GLMForCausalLM(cfg.model)
+    return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+
+
+def _stage_of(name: str, layers: int, pp: int) -> int:
+    """The pipeline stage holding a parameter: blocks in consecutive groups, the embedding first,
+    the final norm and lm_head last."""
+    if name.startswith("model.layers."):
+        return int(name.split(".")[2]) // (layers // pp)
+    return 0 if name.startswith("model.embed_tokens") else pp - 1
+
+
+def _local_numel(name: str, shape: tuple[int, ...], lay: Layout) -> tuple[int, int]:
+    """(elements a rank holds, elements of the tp-local, unsharded tensor FSDP gathers)."""
+    local = list(shape)
+    if name.startswith("model.layers.") and lay.tp > 1:
+        dim = sharded_dim(name.split(".", 3)[3])
+        if dim is not None:
+            local[dim] //= lay.tp
+    gathered = math.prod(local)
+    if lay.fsdp > 1:
+        local[0] = math.ceil(local[0] / lay.fsdp)  # fully_shard pads dim 0 to a multiple of the degree
+    return math.prod(local), gathered
+
+
+def check_layout(cfg: RunConfig, nproc: int) -> None:
+    """Raise ConfigError naming the degrees when the layout cannot run on `nproc` ranks."""
+    if nproc < 1:
+        raise ConfigError("--nproc", f"got {nproc}; allowed: an integer >= 1")
+    ctx = setup_context(cfg.train, cfg.data, device=torch.device("cpu"), rank=0, world_size=nproc, model=cfg.model)
+    for check in LAYOUT_CHECKS:
+        reason = check(cfg.switches, ctx)
+        if reason:
+            raise ConfigError("switches.parallel", reason)
+
+
+def plan(cfg: RunConfig, nproc: int, *, capacity_bytes: int | None = None, advise: bool = True) -> Plan:
+    """The plan of `cfg` on `nproc` ranks; `capacity_bytes` (one device's memory) for the verdict."""
+    check_layout(cfg, nproc)
+    par: ParallelConfig = cfg.switches.parallel
+    lay = layout(par, nproc)
+    amp = cfg.switches.amp.dtype
+    compute = _DTYPE_BYTES[amp]
+    gather_bytes = compute if lay.fsdp > 1 else 4  # FSDP's policy gathers in the autocast dtype
+    m = par.pipeline_microbatches if lay.pp > 1 else 1
+    micro = cfg.train.batch_size // m
+    accumulation = cfg.switches.grad_accumulation.steps
+    layers = cfg.model.num_hidden_layers
+
+    held = [0] * lay.pp  # elements a rank of each stage holds
+    tensors = [0] * lay.pp  # parameter tensors per stage (the optimizer's step counters)
+    units: list[list[int]] = [[] for _ in range(lay.pp)]  # FSDP units' gathered elements per stage
+    root = [0] * lay.pp
+    block_units: dict[str, int] = {}
+    for name, shape in _param_table(cfg):
+        stage = _stage_of(name, layers, lay.pp)
+        local, gathered = _local_numel(name, shape, lay)
+        held[stage] += local
+        tensors[stage] += 1
+        if name.startswith("model.layers."):
+            key = ".".join(name.split(".")[:3])
+            block_units[key] = block_units.get(key, 0) + gathered
+        else:
+            root[stage] += gathered
+    for key, numel in block_units.items():
+        units[_stage_of(key + ".", layers, lay.pp)].append(numel)
+    stage = max(range(lay.pp), key=lambda s: held[s])
+
+    opt = cfg.switches.optimizer
+    states = OPTIMIZER_STATES[opt.name](opt)
+    params = 4 * held[stage]
+    optimizer = 4 * states * held[stage] + STEP_SCALAR[opt.name] * tensors[stage]
+
+    trace = trace_activations(cfg, tp=lay.tp, micro_batch=micro)
+    stage_layers = layers // lay.pp
+    in_flight = (m if par.schedule == "gpipe" else min(m, lay.pp)) if lay.pp > 1 else 1
+    by_ac = {mode: _activations(trace, stage_layers, mode, every=2) * in_flight
+             for mode in ("off", "full", "selective")}
+    ac = cfg.switches.activation_checkpointing
+    activations = _activations(trace, stage_layers, ac.mode, every=ac.every) * in_flight
+
+    buffers = 0
+    if lay.fsdp > 1:
+        blocks_gathered = units[stage] if not par.reshard_after_forward else sorted(units[stage])[-2:]
+        buffers = gather_bytes * (root[stage] + sum(blocks_gathered))
+
+    per_rank = {"params": params, "grads": params, "optimizer": optimizer, "activations": activations,
+                "buffers": buffers}
+    per_rank["total"] = sum(per_rank.values())
+    comm = _comm(cfg, lay, par, gathered_stage=(sum(units[stage]), root[stage]), grads_held=held[stage],
+                 micro=micro, m=m, accumulation=accumulation, stage_layers=stage_layers, compute=compute,
+                 gather_bytes=gather_bytes)
+    v = par.virtual_stages if par.schedule == "interleaved_1f1b" else 1
+    bubble = (lay.pp - 1) / (v * m + lay.pp - 1) if lay.pp > 1 else None
+    result = Plan(preset=cfg.model.preset, nproc=nproc, layout=lay, micro_batch=micro, per_rank_bytes=per_rank,
+                  precision={"params": "fp32", "grads": "fp32", "optimizer": "fp32",
+                             "activations": "fp32" if amp == "off" else f"{amp} matmul outputs, fp32 residual",
+                             "buffers": "fp32" if gather_bytes == 4 else amp},
+                  activations_by_checkpointing=by_ac, comm_bytes_per_step=comm, bubble=bubble,
+                  capacity_bytes=capacity_bytes, assumptions=_assumptions(lay, par, in_flight))
+    if advise and result.fits is False:
+        result.advice = _advice(cfg, nproc, capacity_bytes)
+    return result
+
+
+def _activations(trace: ActivationTrace, layers: int, mode: str, *, every: int) -> int:
+    """A stage's activation bytes: every block's saved storages, or only the input of a checkpointed
+    block; backward recomputes one checkpointed block at a time, after the blocks above it have freed
+    theirs, so the peak holds the kept blocks' activations or that one block's, whichever is more."""
+    if mode == "off":
+        return trace.rest + layers * trace.block
+    checkpointed = layers if mode == "full" else math.ceil(layers / every)
+    return trace.rest + checkpointed * trace.block_input + max(layers - checkpointed, 1) * trace.block
+
+
+def _comm(cfg: RunConfig, lay: Layout, par: ParallelConfig, *, gathered_stage: tuple[int, int], grads_held: int,
+          micro: int, m: int, accumulation: int, stage_layers: int, compute: int, gather_bytes: int) -> dict[str, int]:
+    """Payload bytes per optimizer step by collective (see the module docstring)."""
+    blocks, root = gathered_stage
+    passes = accumulation * m  # forward/backward passes per optimizer step
+    comm = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0, "send_recv": 0}
+    if lay.fsdp > 1:
+        regather = blocks if par.reshard_after_forward else 0  # backward gathers resharded blocks again
+        comm["all_gather"] = passes * gather_bytes * (blocks + root + regather)
+        comm["reduce_scatter"] = passes * 4 * (blocks + root)
+        if lay.dp > 1:
+            comm["all_reduce"] += passes * 4 * grads_held
+    elif lay.dp > 1:
+        comm["all_reduce"] += 4 * grads_held  # once per step: accumulation runs no_sync before the last
+    if lay.tp > 1:
+        activation = micro * cfg.data.seq_len * cfg.model.hidden_size * compute
+        recompute = 1 if cfg.switches.activation_checkpointing.mode == "full" else 0
+        comm["all_reduce"] += passes * stage_layers * ALL_REDUCES_PER_BLOCK * (2 + recompute) * activation
+    if lay.pp > 1:
+        boundary = micro * cfg.data.seq_len * cfg.model.hidden_size * compute
+        sides = 1 if lay.pp == 2 else 2  # a middle stage receives and sends on both sides
+        comm["send_recv"] = accumulation * m * 2 * sides * boundary  # activations forward, gradients back
+    comm["total"] = sum(comm.values())
+    return comm
+
+
+def _assumptions(lay: Layout, par: ParallelConfig, in_flight: int) -> list[str]:
+    said = [
+        "parameters, gradients and optimizer state in fp32 (autocast keeps fp32 master weights)",
+        "activations as autograd saves them for this model's kernels, traced on the CPU at the rank's local "
+        "shapes; a CUDA run's attention kernel may save a little more or less",
+        "allocator fragmentation, the CUDA context (~0.5-1 GB) and transient workspaces are not counted",
+        "communication is payload bytes per optimizer step, not link time",
+    ]
+    if lay.fsdp > 1:
+        said.append("FSDP buffers: the root unit and " + ("two blocks (the current and the prefetched one)"
+                    if par.reshard_after_forward else "every block (reshard_after_forward=false)")
+                    + " gathered at once")
+    if lay.pp > 1:
+        said.append(f"pipeline: the busiest stage keeps {in_flight} micro-batch(es) of activations in flight "
+                    f"({par.schedule}); stages hold consecutive blocks, the embedding on the first, lm_head on "
+                    "the last")
+    if lay.tp > 1:
+        said.append("tensor parallel: attention and MLP split by heads and width; norms, embedding and lm_head "
+                    "whole on each tp rank")
+    return said
+
+
+def _with(cfg: RunConfig, **settings: Any) -> RunConfig:
+    """`cfg` with dotted keys replaced (`{"switches.parallel.fsdp": 8}`)."""
+    data = cfg.to_dict()
+    for key, value in settings.items():
+        node = data
+        *path, last = key.split(".")
+        for part in path:
+            node = node[part]
+        node[last] = value
+    return build_run_config(data)
+
+
+def _advice(cfg: RunConfig, nproc: int, capacity: int) -> list[str]:
+    """Single switches that would make the plan fit, with the per-rank total each gives."""
+    par = cfg.switches.parallel
+    tries: list[dict[str, Any]] = []
+    if cfg.switches.activation_checkpointing.mode != "full":
+        tries.append({"switches.activation_checkpointing.mode": "full"})
+    free = nproc // (par.tp * par.pp)
+    for fsdp in range(par.fsdp + 1, free + 1):
+        if free % fsdp == 0:
+            tries.append({"switches.parallel.fsdp": fsdp})
+    if cfg.switches.amp.dtype == "off":
+        tries.append({"switches.amp.dtype": "bf16"})
+    if cfg.train.batch_size > 1:
+        tries.append({"train.batch_size": cfg.train.batch_size // 2})
+    advice = []
+    for change in tries:
+        try:
+            other = plan(_with(cfg, **change), nproc, capacity_bytes=capacity, advise=False)
+        except ConfigError:
+            continue
+        if other.fits:
+            text = ", ".join(f"--set {k}={v}" for k, v in change.items())
+            advice.append(f"{text}: {other.per_rank_bytes['total'] / 1e9:.1f} GB per rank")
+    if not advice:
+        advice.append("no single switch fits it: combine fsdp over every rank with activation checkpointing, "
+                      "or add ranks")
+    return advice
