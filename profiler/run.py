@@ -166,6 +166,7 @@ def run_rank(run_dir: Path, cfg: RunConfig, *, device: torch.device, rank: int =
                           start_step=trainer.start_step, torch_threads=torch.get_num_threads(),
                           loader_workers=int(trainer.setup.loader_options.get("num_workers", 0)))
             trainer.fit()
+            record.update(held_bytes=trainer.held_bytes())  # this rank's params, grads, optimizer state
     except BaseException as exc:
         error = exc
         raise

@@ -1,0 +1,61 @@
+"""A torchrun worker for tests/test_switch_parallel.py: trains a preset's model once per scenario and
+writes this rank's losses and held bytes to OUT/rank<r>.json.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=N tests/parallel_worker.py OUT SCENARIOS
+
+SCENARIOS is a JSON list of {"name", "preset", "switches", "steps", "batch_size"}. Per scenario a rank reports
+its step losses, the bytes of parameters, gradients and optimizer state it holds after training
+(`Trainer.held_bytes`), and the bytes one forward saves for backward (`profiler.plan.saved_bytes`,
+the count `glmperf plan` traces). Every scenario reuses one process group.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from optimizers import SwitchesConfig
+from optimizers.config import build_section
+from profiler.plan import saved_bytes
+from reference_model.config import DataConfig, TrainConfig, model_config
+from reference_model.trainer import StepRecord, Trainer, TrainerHook
+
+SEQ_LEN = 32
+
+
+class Losses(TrainerHook):
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def on_step_end(self, record: StepRecord) -> None:
+        self.values.append(float(record.loss))
+
+
+def run(scenario: dict[str, Any]) -> dict[str, Any]:
+    losses = Losses()
+    trainer = Trainer(model_cfg=model_config(scenario["preset"]),
+                      data_cfg=DataConfig(corpus=["synthetic"], seq_len=SEQ_LEN),
+                      train_cfg=TrainConfig(batch_size=scenario["batch_size"], steps=scenario["steps"], device="cpu"),
+                      switches=build_section(SwitchesConfig, scenario["switches"], "switches"), hooks=[losses])
+    trainer.fit()
+    held = trainer.held_bytes()  # before the measuring forward, which leaves FSDP's root gathered
+    ids = torch.zeros(scenario["batch_size"], SEQ_LEN, dtype=torch.long)
+    activations = saved_bytes(trainer.setup.model, ids, trainer.setup.autocast_dtype)
+    return {"losses": losses.values, "held": held, "activations": activations, "notes": trainer.setup.notes}
+
+
+def main() -> None:
+    out, scenarios = Path(sys.argv[1]), json.loads(sys.argv[2])
+    dist.init_process_group("gloo")
+    results = {s["name"]: run(s) for s in scenarios}
+    (out / f"rank{dist.get_rank()}.json").write_text(json.dumps({"results": results}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The parallel switch on real torchrun ranks over gloo: FSDP2 trains like one process, holds half of
+DDP's model states per rank, and `glmperf plan` predicts what the ranks measure.
+
+One torchrun launch (tests/parallel_worker.py) trains every scenario on 2 ranks. Same losses means:
+the mean of the two ranks' losses (each on its half of the global batch) equals one process's loss
+on the whole batch within LOSS_TOL; FSDP's reduce-scatter sums in another order than DDP's
+all-reduce, so the low bits may differ.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from optimizers import SwitchesConfig
+from profiler.config import build_run_config
+from profiler.plan import plan
+from reference_model.config import DataConfig, TrainConfig, model_config
+from reference_model.trainer import Trainer
+from tests.parallel_worker import SEQ_LEN, Losses
+from tests.test_switch_ddp import torchrun
+
+WORKER = Path(__file__).resolve().parent / "parallel_worker.py"
+STEPS = 3
+BATCH = 2
+LOSS_TOL = 1e-4
+"""Absolute tolerance on a step's loss (~5.8 on tiny): fp32 sums in another order."""
+FSDP2 = {"parallel": {"fsdp": 2}}
+SCENARIOS = [
+    {"name": "ddp", "preset": "tiny", "switches": {}, "steps": STEPS, "batch_size": BATCH},
+    {"name": "fsdp", "preset": "tiny", "switches": FSDP2, "steps": STEPS, "batch_size": BATCH},
+    {"name": "zero2", "preset": "tiny", "switches": {"parallel": {"fsdp": 2, "reshard_after_forward": False}},
+     "steps": STEPS, "batch_size": BATCH},
+    {"name": "small-ddp", "preset": "small", "switches": {}, "steps": 1, "batch_size": BATCH},
+    {"name": "small-fsdp", "preset": "small", "switches": FSDP2, "steps": 1, "batch_size": BATCH},
+]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("parallel")
+    code, output = torchrun(out, SCENARIOS, worker=WORKER)
+    if code != 0:
+        pytest.fail(f"torchrun exited {code}:\n{output[-4000:]}")
+    return [json.loads((out / f"rank{r}.json").read_text())["results"] for r in (0, 1)]
+
+
+def one_process_losses(tmp_path: Path) -> list[float]:
+    losses = Losses()
+    Trainer(model_cfg=model_config("tiny"), data_cfg=DataConfig(corpus=["synthetic"], seq_len=SEQ_LEN),
+            train_cfg=TrainConfig(batch_size=2 * BATCH, steps=STEPS, device="cpu"),
+            switches=SwitchesConfig(), hooks=[losses], run_dir=tmp_path).fit()
+    return losses.values
+
+
+@pytest.mark.parametrize("name", ["fsdp", "zero2"])
+def test_fsdp_trains_to_the_losses_of_one_process(ranks: list[dict], name: str, tmp_path: Path) -> None:
+    r0, r1 = (r[name] for r in ranks)
+    assert any(n.startswith("fsdp: ") for n in r0["notes"]), r0["notes"]
+    assert r0["losses"][0] != pytest.approx(r1["losses"][0], abs=1e-3)  # each rank trains on its own half
+    mean = [(a + b) / 2 for a, b in zip(r0["losses"], r1["losses"], strict=True)]
+    assert mean == pytest.approx(one_process_losses(tmp_path), abs=LOSS_TOL)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_fsdp_holds_half_of_ddps_model_states(ranks: list[dict], preset: str) -> None:
+    prefix = "" if preset == "tiny" else "small-"
+    for results in ranks:
+        ddp, fsdp = results[f"{prefix}ddp"]["held"], results[f"{prefix}fsdp"]["held"]
+        for part in ("params", "grads", "optimizer"):
+            assert fsdp[part] / ddp[part] == pytest.approx(0.5, abs=0.025), (preset, part)
+
+
+@pytest.mark.parametrize(("name", "preset", "switches"), [
+    ("ddp", "tiny", {}), ("fsdp", "tiny", FSDP2), ("small-ddp", "small", {}), ("small-fsdp", "small", FSDP2)])
+def test_plan_agrees_with_what_the_ranks_hold(ranks: list[dict], name: str, preset: str,
+                                              switches: dict[str, Any]) -> None:
+    cfg = build_run_config({"model": {"preset": preset}, "data": {"seq_len": SEQ_LEN},
+                            "train": {"batch_size": BATCH}, "switches": switches})
+    planned = plan(cfg, 2).per_rank_bytes
+    for results in ranks:
+        measured = results[name]
+        for part in ("params", "grads", "optimizer"):
+            assert planned[part] == pytest.approx(measured["held"][part], rel=0.10), (name, part)
+        assert planned["activations"] == pytest.approx(measured["activations"], rel=0.10), name
+
