@@ -23,6 +23,7 @@ from profiler.analysis import RunData, load_run
 from profiler.compare_formats import FORMATS, RENDER, to_text
 from profiler.compare_gate import COMPARABLE, Gate, GateError, make_gate
 from profiler.compare_runs import compare
+from profiler.trace_diff import trace_diff, with_trace_diff
 
 EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -97,8 +98,11 @@ def main(args: argparse.Namespace) -> int:
         base_refs, cand_refs = (args.runs[:1], args.runs[1:]) if args.vs is None else (args.runs, args.vs)
         gate = _gate(args)
         runs_dir = store.default_runs_dir(args.runs_dir)
-        result = compare(load_side(base_refs, runs_dir), load_side(cand_refs, runs_dir), gate)
+        base_runs, cand_runs = load_side(base_refs, runs_dir), load_side(cand_refs, runs_dir)
+        result = compare(base_runs, cand_runs, gate)
         rendered = RENDER[args.format](result)
+        if all(r.source == "import" for r in (*base_runs, *cand_runs)):  # traces: HTA's trace diff too
+            rendered = with_trace_diff(rendered, args.format, trace_diff(base_runs, cand_runs))
         if args.output is not None:
             try:
                 args.output.parent.mkdir(parents=True, exist_ok=True)
