@@ -58,7 +58,7 @@ def merge_ranks(steps: pd.DataFrame, world_size: int) -> tuple[pd.DataFrame, lis
     grouped = steps.groupby("step")
     slowest = steps.loc[grouped["step_s"].idxmax()].set_index("step")
     merged = slowest.assign(
-        tokens=grouped["tokens"].sum(), loss=grouped["loss"].mean(),
+        tokens=grouped["tokens"].sum(min_count=1), loss=grouped["loss"].mean(),
         warmup=grouped["warmup"].any() if "warmup" in steps else False,
         profiled=grouped["profiled"].any() if "profiled" in steps else False,
         skipped=grouped["skipped"].any() if "skipped" in steps else False,
