@@ -36,7 +36,7 @@ def _per_step(tables: Sequence[pd.DataFrame], time_column: str) -> pd.DataFrame:
 
 
 def _diff(control: pd.DataFrame, test: pd.DataFrame, kind: str) -> pd.DataFrame:
-    both = control.join(test, how="outer", lsuffix="_c", rsuffix="_t").fillna(0.0)
+    both = control.add_suffix("_c").join(test.add_suffix("_t"), how="outer").fillna(0.0)
     return pd.DataFrame({"kind": kind, "name": both.index, "control_calls": both["calls_c"],
                          "test_calls": both["calls_t"], "diff_calls": both["calls_t"] - both["calls_c"],
                          "control_ms": both["ms_c"], "test_ms": both["ms_t"],

@@ -8,7 +8,8 @@ as profile-run's steps on CPU). Inside it, on the host timeline:
 - `backward_s`: autograd's `autograd::engine::evaluate_function: ...` operators, the rest left out;
 - `forward_s`: operators on the step's thread before the first backward operator, the rest left out;
 - `comm_s`: communication kernels launched in the step that no computation kernel overlaps on the
-  GPU (exposed), carved out of backward and capped at it, as profile-run's step timer does;
+  GPU (exposed), carved out of the phase that launched them (forward or backward) and capped at it,
+  as profile-run's step timer carves DDP's exposed all-reduce out of backward;
 - `other_s`: the remainder. `h2d_s` and `checkpoint_s` are 0: a trace does not mark them.
 Phases are disjoint, so they sum to `step_s`. Tokens and loss are not in a trace (NaN).
 """
@@ -82,11 +83,13 @@ def step_rows(trace: Trace, rank: int) -> pd.DataFrame:
         f = intervals.clip(*_spans(ev, fwd_mask), lo, first_backward)
         data_s, optimizer_s = _minus(d), _minus(o, d)
         backward_s, forward_s = _minus(b, d, o), _minus(f, d, o)
-        comm_s = min(_exposed_comm(comm_spans, lo, hi), backward_s)
+        in_forward = min(_exposed_comm(comm_spans, lo, first_backward), forward_s)
+        in_backward = min(_exposed_comm(comm_spans, first_backward, hi), backward_s)
+        comm_s = in_forward + in_backward
         row = {"step": int(step_no.iloc[i]), "rank": rank, "ts_end": hi / 1e6, "step_s": dur[i] / 1e6,
-               "host_s": dur[i] / 1e6, "data_s": data_s / 1e6, "h2d_s": 0.0, "forward_s": forward_s / 1e6,
-               "backward_s": (backward_s - comm_s) / 1e6, "optimizer_s": optimizer_s / 1e6, "comm_s": comm_s / 1e6,
-               "checkpoint_s": 0.0}
+               "host_s": dur[i] / 1e6, "data_s": data_s / 1e6, "h2d_s": 0.0,
+               "forward_s": (forward_s - in_forward) / 1e6, "backward_s": (backward_s - in_backward) / 1e6,
+               "optimizer_s": optimizer_s / 1e6, "comm_s": comm_s / 1e6, "checkpoint_s": 0.0}
         row["other_s"] = max(0.0, row["step_s"] - sum(row[c] for c in PHASE_COLUMNS if c != "other_s"))
         rows.append(row)
     out = pd.DataFrame(rows)

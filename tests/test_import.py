@@ -1,0 +1,116 @@
+"""glmperf import on real multi-GPU traces (/work/shared/data/traces): HTA parity, steps, diagnose, compare.
+
+The HTA figures are HTA's own results on the same files (tests/data/traces_hta/hta_figures.json,
+made by benchmarks/hta_fixtures.py with the HTA version it names); HTA is not needed here.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from profiler import store
+from profiler.analysis import load_run
+from profiler.cli import main
+from profiler.metrics import flatten
+from profiler.traces import import_traces
+
+TRACES = Path("/work/shared/data/traces")
+HTA = json.loads((Path(__file__).parent / "data" / "traces_hta" / "hta_figures.json").read_text())
+SHARED = sorted(HTA["traces"])
+
+pytestmark = pytest.mark.skipif(not TRACES.is_dir(), reason="the shared traces are not on this machine")
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every shared trace directory imported once, into one runs directory."""
+    runs = tmp_path_factory.mktemp("runs")
+    return {name: import_traces(TRACES / name, runs_dir=runs).run_dir for name in SHARED}
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_every_share_agrees_with_hta_within_one_point(imported: dict[str, Path], name: str) -> None:
+    ranks = store.read_run(imported[name])["summary"]["trace"]["ranks"]
+    assert set(ranks) == set(HTA["traces"][name])
+    for rank, theirs in HTA["traces"][name].items():
+        ours = flatten(ranks[rank])
+        for key, value in flatten(theirs).items():
+            if value is None:  # HTA's NaN: no communication to overlap
+                assert ours.get(key) is None, key
+            elif "share" in key:
+                assert abs(ours[key] - value) * 100 < 1.0, (key, ours[key], value)
+            else:  # launch delay (us)
+                assert ours[key] == pytest.approx(value, rel=0.01), key
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_step_times_are_the_profiler_step_spans(imported: dict[str, Path], name: str) -> None:
+    (path,) = (TRACES / name).glob("*.json.gz")
+    with gzip.open(path) as fh:
+        events = json.load(fh)["traceEvents"]
+    spans = {int(e["name"].split("#")[1]): e["dur"] / 1e6 for e in events
+             if e.get("cat") == "user_annotation" and e.get("name", "").startswith("ProfilerStep#")}
+    steps = load_run(imported[name]).steps.set_index("step")
+    assert sorted(steps.index) == sorted(spans)
+    for step, span in spans.items():
+        assert steps.loc[step, "step_s"] == pytest.approx(span, rel=0.01)
+    phases = [c for c in steps.columns if c.endswith("_s") and c not in ("step_s", "host_s")]
+    assert (steps[phases].sum(axis=1) - steps["step_s"]).abs().max() < 1e-6  # the phases add up to the step
+    assert (steps["forward_s"] > 0).all()
+    assert (steps["backward_s"] + steps["comm_s"] > 0).all()  # exposed communication is carved out of backward
+
+
+def test_run_record_tables_and_source(imported: dict[str, Path]) -> None:
+    run = load_run(imported["a100_2rank_nccl"])
+    assert run.source == "import" and run.status == "completed" and not run.problems
+    assert run.record["environment"]["device"] == "cuda"
+    assert run.record["import"]["job_world_size"] == 2 and run.record["import"]["failed"] == []
+    ops = run.ops
+    assert {"rank", "name", "input_shapes", "calls", "self_cpu_s", "cpu_total_s", "self_device_s",
+            "device_total_s", "self_cpu_memory_bytes", "self_device_memory_bytes", "flops", "steps"} <= set(ops)
+    assert (ops["self_cpu_s"] <= ops["cpu_total_s"] + 1e-9).all()
+    # every GPU event is attributed to the operator around its launch call
+    assert ops["self_device_s"].sum() == pytest.approx(run.kernels["time_s"].sum(), rel=0.02)
+    nccl = run.kernels[run.kernels["kind"] == "communication"]
+    assert not nccl.empty and nccl["name"].str.startswith("nccl").all()
+    assert math.isnan(run.record["summary"]["tokens_per_s"])  # a trace does not know its tokens
+
+
+def test_diagnose_finds_host_bound_from_gpu_idle_and_comm_bound_from_exposed_nccl(
+        imported: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diagnose", str(imported["a100_2rank_nccl"]), "--json"]) == 0
+    host = json.loads(capsys.readouterr().out)
+    top = host["bottlenecks"][0]
+    assert top["kind"] == "host_bound"
+    assert {"gpu_idle", "host_wait", "launch_delay", "short_kernels"} <= set(top["evidence"])
+    assert top["evidence"]["gpu_idle"]["value"] == pytest.approx(77.8, abs=0.1)  # HTA's idle share
+    assert main(["diagnose", str(imported["v100_2rank_allreduce"]), "--json"]) == 0
+    comm = json.loads(capsys.readouterr().out)
+    assert comm["bottlenecks"][0]["kind"] == "comm_bound"
+    assert "NCCL" in comm["bottlenecks"][0]["message"]
+
+
+def test_compare_names_the_operators_and_kernels_that_changed_most(
+        imported: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    control, test = imported["diff_pair/control"], imported["diff_pair/test"]
+    main(["compare", str(control), str(test), "--format", "json"])
+    diff = json.loads(capsys.readouterr().out)["trace_diff"]
+    kernels = {r["name"]: r for r in diff if r["kind"] == "kernel"}
+    copies = kernels["Memcpy DtoD (Device -> Device)"]  # the test job copies on the device ~250x as often
+    assert copies["control_calls"] == pytest.approx(3.0) and copies["test_calls"] > 700
+    main(["compare", str(control), str(test)])
+    text = capsys.readouterr().out
+    assert "trace diff: kernels by count" in text and "Memcpy DtoD" in text
+    assert "trace diff: operators by time" in text and "aten::copy_" in text
+
+
+def test_cli_imports_and_prints_the_gpu_breakdown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["import", str(TRACES / "a100_2rank_nccl"), "--name", "nccl", "--runs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "imported 1 rank(s)" in out and "GPU (HTA's definitions)" in out and "78%" in out
+    assert [r["name"] for r in store.list_runs(tmp_path)] == ["nccl"]
