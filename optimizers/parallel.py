@@ -172,9 +172,10 @@ def _check_trainer(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
     if cfg.pp > 1:
         return (f"pp={cfg.pp}: this trainer does not run pipeline schedules; `glmperf plan` plans them. "
                 "allowed for training: pp=1 (use fsdp or tp to split the model)")
-    if cfg.tp > 1:
-        return (f"tp={cfg.tp}: this trainer does not split matmuls across ranks; `glmperf plan` plans it. "
-                "allowed for training: tp=1 (use fsdp to shard the model)")
+    if cfg.tp > 1 and cfg.fsdp == 1 and ctx.world_size > cfg.model_parallel:
+        return (f"tp={cfg.tp} with {ctx.world_size // cfg.model_parallel} data-parallel replicas: replicas of a "
+                f"tensor-parallel model synchronize through FSDP here; allowed: fsdp x tp = the world size "
+                f"(switches.parallel.fsdp={ctx.world_size // cfg.tp})")
     if switches.checkpoint.every or switches.checkpoint.resume:
         return (f"fsdp={cfg.fsdp}: checkpoints of sharded parameters are not written by this trainer; "
                 "allowed: switches.checkpoint.every=0 and resume=false")

@@ -7,9 +7,20 @@ heads, rank r holds query heads r*H/tp .. and key/value heads r*KV/tp .., and qu
 key/value head h // (H/KV) on the same rank, which is why tp must divide KV (a check of
 optimizers.parallel). MLP: the gate and up projections colwise, down rowwise: one all-reduce more.
 Norms, the embedding and lm_head stay whole on every tp rank (FSDP shards them).
+
+The MLP's gate and up projections are one fused Linear (HF's layout); its rows are interleaved
+before sharding (`interleave_gate_up`), so the weights a tp run holds are a permutation of a
+one-process run's: a stage of `switches.parallel`, applied before activation checkpointing and
+compile (torchtitan's order).
 """
 
 from __future__ import annotations
+
+import torch
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from optimizers.base import SetupContext, Stage, TrainSetup, blocks
+from optimizers.parallel import ParallelConfig
 
 SHARDED_DIM: dict[str, int] = {
     "self_attn.q_proj.weight": 0, "self_attn.q_proj.bias": 0,
@@ -29,3 +40,29 @@ in backward (the gradients of the colwise inputs)."""
 def sharded_dim(block_param: str) -> int | None:
     """The dim tp splits of a block's parameter (named relative to the block), or None when whole."""
     return SHARDED_DIM.get(block_param)
+
+
+def interleave_gate_up(weight: torch.Tensor, tp: int) -> torch.Tensor:
+    """Rows [gate; up] reordered as [gate_0; up_0; gate_1; up_1; ...], so that the r-th of tp equal
+    row chunks holds rank r's slice of both and the MLP's `chunk(2)` of its local output stays
+    (gate_r, up_r). Colwise sharding of the fused rows as they are would give one rank all of gate."""
+    gate, up = weight.chunk(2, dim=0)
+    return torch.cat([part for pair in zip(gate.chunk(tp), up.chunk(tp), strict=True) for part in pair])
+
+
+def apply_tensor_parallel(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> None:
+    mesh = setup.mesh["tp"]
+    plan = {name.rsplit(".", 1)[0]: ColwiseParallel() if dim == 0 else RowwiseParallel()
+            for name, dim in SHARDED_DIM.items()}
+    layers = blocks(setup.raw_model)
+    for block in layers:
+        with torch.no_grad():
+            fused = block.mlp.gate_up_proj.weight
+            fused.copy_(interleave_gate_up(fused, cfg.tp))
+        parallelize_module(block, mesh, plan)
+    setup.note("tensor_parallel", f"{len(layers)} blocks split {cfg.tp} ways: q, k, v and gate/up colwise, o and "
+                                  "down rowwise (whole heads per rank, key/value heads split alike); norms, "
+                                  "embedding and lm_head whole")
+
+
+STAGE = Stage(name="tensor_parallel", section="parallel", apply=apply_tensor_parallel, enabled=lambda c: c.tp > 1)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.tensor import DTensor
 
 from optimizers import ConfigError
 from optimizers.parallel import LAYOUT_CHECKS, Layout, ParallelConfig, layout
@@ -62,22 +63,30 @@ _DTYPE_BYTES = {"off": 4, "bf16": 2, "fp16": 2}
 # Activations: the distinct storages autograd saves, traced at shapes only
 
 
+def _storage(t: torch.Tensor) -> torch.UntypedStorage:
+    """The storage holding `t`'s bytes on this rank (a DTensor's local shard, not its wrapper)."""
+    return (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
+
+
 def saved_bytes(model: nn.Module, input_ids: torch.Tensor, autocast_dtype: torch.dtype | None) -> int:
-    """Bytes of the distinct storages one forward saves for backward (parameters excluded), plus the
-    logits: what a step holds between forward and backward. Runs on real or fake tensors alike."""
+    """Bytes of the distinct storages one forward saves for backward, plus the logits: what a step holds
+    between forward and backward. Weights a matmul saves (the parameter, a view of it, or FSDP's
+    gathered copy) are the parameters' memory, not activations. Runs on real or fake tensors alike."""
+    own = {_storage(p)._cdata for p in model.parameters()}
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        if not isinstance(t, nn.Parameter):
-            storage = t.untyped_storage()
-            saved[storage._cdata] = storage.nbytes()
+        if not (isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter)):
+            storage = _storage(t)
+            if storage._cdata not in own:
+                saved[storage._cdata] = storage.nbytes()
         return t
 
     device_type = input_ids.device.type
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast(
             device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
         out = model(input_ids, labels=input_ids)
-    logits = out.logits.untyped_storage()
+    logits = _storage(out.logits)
     saved.setdefault(logits._cdata, logits.nbytes())
     return sum(saved.values())
 

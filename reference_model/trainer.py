@@ -151,6 +151,38 @@ def shape_of(cfg: GLMConfig) -> ModelShape:
                       intermediate_size=cfg.intermediate_size)
 
 
+def total_grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The global L2 norm of the gradients, also when some are DTensors (sharded or split over ranks).
+
+    torch's own norm takes all plain tensors or all DTensors of one mesh; a tensor-parallel model
+    mixes split block weights with whole norms and embeddings, so each kind is normed on its own
+    and DTensor norms are completed across their ranks.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    split = [g for g in grads if isinstance(g, DTensor)]
+    if not split:
+        return torch.nn.utils.get_total_norm(plain)
+    meshes = {id(g.device_mesh) for g in split}
+    if not plain and len(meshes) == 1:
+        return torch.nn.utils.get_total_norm(split).full_tensor()
+    parts = [torch.linalg.vector_norm(g).full_tensor() for g in split]
+    if plain:
+        parts.append(torch.nn.utils.get_total_norm(plain))
+    return torch.linalg.vector_norm(torch.stack(parts))
+
+
+def clip_grads(params: Sequence[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
+    """Scale the gradients so their global norm is at most `max_norm` (torch's clip_grads_with_norm_),
+    a DTensor's by its local part: the same factor on every rank."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not any(isinstance(g, DTensor) for g in grads):
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)
+        return
+    coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
+    torch._foreach_mul_([g.to_local() if isinstance(g, DTensor) else g for g in grads], coef)
+
+
 class Trainer:
     """Builds model, setup and loader from config, then `fit()` runs the loop.
 
@@ -335,12 +367,9 @@ class Trainer:
             loss = torch.stack(losses).sum()  # the mean over every labelled token of the step
             if s.scaler is not None:
                 s.scaler.unscale_(s.optimizer)
+            grad_norm = total_grad_norm(self.params)
             if s.clip_grad_norm > 0:
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, s.clip_grad_norm)
-            else:
-                grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
-            if isinstance(grad_norm, DTensor):  # sharded gradients: each rank holds a part of the norm
-                grad_norm = grad_norm.full_tensor()
+                clip_grads(self.params, s.clip_grad_norm, grad_norm)
             skipped = self._guard(step, loss, grad_norm, batch)
             scale = None
             if s.scaler is not None:

@@ -111,3 +111,11 @@ def test_the_command_prints_the_json_fields_and_exits_by_the_verdict() -> None:
     assert glmperf_plan("--preset", "glm4-9b", "--nproc", "8", "--gpu", "h200").returncode == 1
     bad = glmperf_plan("--preset", "tiny", "--nproc", "3", "--set", "switches.parallel.fsdp=2")
     assert bad.returncode == 2 and "does not divide the world size 3" in bad.stderr
+
+
+def test_training_refuses_what_the_trainer_cannot_run_though_plan_plans_it() -> None:
+    for overrides, nproc, message in ((["switches.parallel.tp=2"], 4, "replicas of a tensor-parallel model"),
+                                      (["switches.parallel.pp=2"], 2, "does not run pipeline schedules")):
+        assert plan(load_config(preset="tiny", overrides=overrides, nproc=nproc, check_here=False), nproc)
+        with pytest.raises(ConfigError, match=message):
+            load_config(preset="tiny", overrides=overrides, nproc=nproc)

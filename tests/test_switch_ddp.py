@@ -51,12 +51,13 @@ SCENARIOS = [
 ]
 
 
-def torchrun(out: Path, scenarios: list[dict[str, Any]], *, worker: Path = WORKER, **env: str) -> tuple[int, str]:
-    """Launch `worker` on 2 gloo ranks: (exit code, output). A hang fails the test after the
+def torchrun(out: Path, scenarios: list[dict[str, Any]], *, worker: Path = WORKER, nproc: int = 2,
+             **env: str) -> tuple[int, str]:
+    """Launch `worker` on `nproc` gloo ranks: (exit code, output). A hang fails the test after the
     timeout, with the whole launch (agent and workers, its own session) killed, not left behind."""
     full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                 TIMEOUT_ENV: "30", **env}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(worker), str(out), json.dumps(scenarios)]
     proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=REPO, start_new_session=True)

@@ -1,10 +1,11 @@
-"""The parallel switch on real torchrun ranks over gloo: FSDP2 trains like one process, holds half of
-DDP's model states per rank, and `glmperf plan` predicts what the ranks measure.
+"""The parallel switch on real torchrun ranks over gloo: FSDP2 and tensor parallelism train like one
+process, FSDP holds half of DDP's model states per rank, and `glmperf plan` predicts what the ranks
+measure.
 
-One torchrun launch (tests/parallel_worker.py) trains every scenario on 2 ranks. Same losses means:
-the mean of the two ranks' losses (each on its half of the global batch) equals one process's loss
-on the whole batch within LOSS_TOL; FSDP's reduce-scatter sums in another order than DDP's
-all-reduce, so the low bits may differ.
+One torchrun launch (tests/parallel_worker.py) trains the 2-rank scenarios, a second fsdp=2 x tp=2
+on 4 ranks. Same losses means: the mean of the data replicas' losses (each on its share of the
+global batch; the ranks of one tensor-parallel group share a batch) equals one process's loss on
+the whole batch within LOSS_TOL; sharded sums run in another order, so the low bits may differ.
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ BATCH = 2
 LOSS_TOL = 1e-4
 """Absolute tolerance on a step's loss (~5.8 on tiny): fp32 sums in another order."""
 FSDP2 = {"parallel": {"fsdp": 2}}
+TP2 = {"parallel": {"tp": 2}}
+FSDP2_TP2 = {"parallel": {"fsdp": 2, "tp": 2}}
 SCENARIOS = [
+    {"name": "tp", "preset": "tiny", "switches": TP2, "steps": STEPS, "batch_size": BATCH},
+    {"name": "small-tp", "preset": "small", "switches": TP2, "steps": 1, "batch_size": BATCH},
     {"name": "ddp", "preset": "tiny", "switches": {}, "steps": STEPS, "batch_size": BATCH},
     {"name": "fsdp", "preset": "tiny", "switches": FSDP2, "steps": STEPS, "batch_size": BATCH},
     {"name": "zero2", "preset": "tiny", "switches": {"parallel": {"fsdp": 2, "reshard_after_forward": False}},
@@ -49,12 +54,44 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return [json.loads((out / f"rank{r}.json").read_text())["results"] for r in (0, 1)]
 
 
-def one_process_losses(tmp_path: Path) -> list[float]:
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("parallel4")
+    scenario = {"name": "fsdp-tp", "preset": "tiny", "switches": FSDP2_TP2, "steps": STEPS, "batch_size": BATCH}
+    code, output = torchrun(out, [scenario], worker=WORKER, nproc=4)
+    if code != 0:
+        pytest.fail(f"torchrun exited {code}:\n{output[-4000:]}")
+    return [json.loads((out / f"rank{r}.json").read_text())["results"]["fsdp-tp"] for r in range(4)]
+
+
+def one_process_losses(tmp_path: Path, batch_size: int = 2 * BATCH) -> list[float]:
     losses = Losses()
     Trainer(model_cfg=model_config("tiny"), data_cfg=DataConfig(corpus=["synthetic"], seq_len=SEQ_LEN),
-            train_cfg=TrainConfig(batch_size=2 * BATCH, steps=STEPS, device="cpu"),
+            train_cfg=TrainConfig(batch_size=batch_size, steps=STEPS, device="cpu"),
             switches=SwitchesConfig(), hooks=[losses], run_dir=tmp_path).fit()
     return losses.values
+
+
+def test_tensor_parallel_ranks_share_a_batch_and_train_like_one_process(ranks: list[dict], tmp_path: Path) -> None:
+    r0, r1 = (r["tp"] for r in ranks)
+    assert any(n.startswith("tensor_parallel: ") for n in r0["notes"]), r0["notes"]
+    assert r0["losses"] == pytest.approx(r1["losses"], abs=1e-6)
+    assert r0["losses"] == pytest.approx(one_process_losses(tmp_path, batch_size=BATCH), abs=LOSS_TOL)
+    assert r0["held"]["params"] < ranks[0]["ddp"]["held"]["params"]
+
+
+def test_fsdp_by_tp_on_four_ranks_trains_like_one_process(four_ranks: list[dict], tmp_path: Path) -> None:
+    losses = [r["losses"] for r in four_ranks]  # ranks (0, 1) and (2, 3) are tensor-parallel pairs
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6) and losses[2] == pytest.approx(losses[3], abs=1e-6)
+    mean = [(a + b) / 2 for a, b in zip(losses[0], losses[2], strict=True)]
+    assert mean == pytest.approx(one_process_losses(tmp_path), abs=LOSS_TOL)
+    cfg = build_run_config({"model": {"preset": "tiny"}, "data": {"seq_len": SEQ_LEN},
+                            "train": {"batch_size": BATCH}, "switches": FSDP2_TP2})
+    planned = plan(cfg, 4).per_rank_bytes
+    for r in four_ranks:
+        for part in ("params", "grads", "optimizer"):
+            assert planned[part] == pytest.approx(r["held"][part], rel=0.10), part
+        assert planned["activations"] == pytest.approx(r["activations"], rel=0.10)
 
 
 @pytest.mark.parametrize("name", ["fsdp", "zero2"])
@@ -76,7 +113,8 @@ def test_fsdp_holds_half_of_ddps_model_states(ranks: list[dict], preset: str) ->
 
 
 @pytest.mark.parametrize(("name", "preset", "switches"), [
-    ("ddp", "tiny", {}), ("fsdp", "tiny", FSDP2), ("small-ddp", "small", {}), ("small-fsdp", "small", FSDP2)])
+    ("ddp", "tiny", {}), ("fsdp", "tiny", FSDP2), ("tp", "tiny", TP2),
+    ("small-ddp", "small", {}), ("small-fsdp", "small", FSDP2), ("small-tp", "small", TP2)])
 def test_plan_agrees_with_what_the_ranks_hold(ranks: list[dict], name: str, preset: str,
                                               switches: dict[str, Any]) -> None:
     cfg = build_run_config({"model": {"preset": preset}, "data": {"seq_len": SEQ_LEN},
