@@ -217,27 +217,27 @@ def _fast_read(fh: IO[bytes], columns: _Columns) -> dict[str, Any]:
         raise _NotFast
     before = head[:start].rstrip()
     meta = orjson.loads(before[:-1] + b"}") if before.endswith(b",") else {}
-    pending = head[bracket + 1:]
+    buf = bytearray(b"[") + head[bracket + 1:]  # buf[0] opens the array of each run of events parsed
     for block in blocks:
-        pending += block
-        cut = _last_event_end(pending)
-        if cut > 0:
-            columns.add(_loads_array(pending[:cut]))
-            pending = pending[cut:].lstrip().removeprefix(b",")
+        buf += block
+        end, comma = _last_event_end(buf)
+        if end > 0:
+            columns.add(_loads_array(buf, end))
+            del buf[1:comma + 1]  # moves only the rest after the cut
     # the rest: the last events, "]", and the fields after the array
-    for end in _positions(pending, b"]", tries=4096):
-        tail = pending[end + 1:].strip()
+    for end in _positions(buf, b"]", tries=4096):
+        tail = bytes(buf[end + 1:]).strip()
         try:  # the fields after the array, e.g. `, "traceName": ..., "INFO": ["...]", ...] }`
             footer = {} if tail == b"}" else orjson.loads(b"{" + tail.removeprefix(b",")) if tail[:1] == b"," else None
             if isinstance(footer, dict):
-                columns.add(_loads_array(pending[:end]))
+                columns.add(_loads_array(buf, end))
                 return {**meta, **footer}
         except (orjson.JSONDecodeError, _NotFast):
             continue
     raise _NotFast
 
 
-def _positions(text: bytes, char: bytes, tries: int = 64) -> Iterator[int]:
+def _positions(text: bytes | bytearray, char: bytes, tries: int = 64) -> Iterator[int]:
     """Positions of `char` from the end backwards (at most `tries`)."""
     end = len(text)
     for _ in range(tries):
@@ -247,23 +247,37 @@ def _positions(text: bytes, char: bytes, tries: int = 64) -> Iterator[int]:
         yield end
 
 
-def _last_event_end(text: bytes) -> int:
-    """The index just past the last `}` followed by `,` and `{` (a likely event boundary), or 0."""
+WHITESPACE = frozenset(b" \t\r\n")
+
+
+def _last_event_end(text: bytearray) -> tuple[int, int]:
+    """(the index of the character after the last `}` that `,` and `{` follow: a likely event boundary,
+    the index of that comma), or (0, 0)."""
     for comma in _positions(text, b","):
-        if text[comma + 1:comma + 64].lstrip()[:1] == b"{" and text[max(0, comma - 64):comma].rstrip()[-1:] == b"}":
-            return len(text[:comma].rstrip())
-    return 0
+        after = comma + 1
+        while after < len(text) and text[after] in WHITESPACE:
+            after += 1
+        before = comma - 1
+        while before > 0 and text[before] in WHITESPACE:
+            before -= 1
+        if after < len(text) and text[after] == ord("{") and text[before] == ord("}"):
+            return before + 1, comma
+    return 0, 0
 
 
-def _loads_array(body: bytes) -> dict[str, list[Any]]:
-    """A run of whole events (text between `[` and `]`) as fields; _NotFast where it is not one."""
-    text = b"[" + body + b"]"
+def _loads_array(buf: bytearray, end: int) -> dict[str, list[Any]]:
+    """The events of buf[:end + 1] as fields, buf[0] being `[` and buf[end] made `]` for the parse
+    (restored after); _NotFast where that is not a run of whole events."""
+    saved, buf[end] = buf[end], ord("]")
     try:
-        if _DECODER is not None:
-            return _records(_DECODER.decode(text))
-        return _dicts(orjson.loads(text))
+        with memoryview(buf) as view, view[:end + 1] as text:
+            if _DECODER is not None:
+                return _records(_DECODER.decode(text))
+            return _dicts(orjson.loads(text))
     except ValueError:  # msgspec's and orjson's decode errors are ValueErrors
         raise _NotFast from None
+    finally:
+        buf[end] = saved
 
 
 def _stream_read(path: Path, columns: _Columns) -> dict[str, Any]:

@@ -57,20 +57,22 @@ def _minus(a: tuple[np.ndarray, np.ndarray], *others: tuple[np.ndarray, np.ndarr
 def step_rows(trace: Trace, rank: int) -> pd.DataFrame:
     """One row per ProfilerStep span (columns: steps.parquet's, see docs/run-format.md)."""
     ev = trace.events
-    names = pd.Series(trace.names, dtype=object)
-    name_of = names.to_numpy()[ev["name"].to_numpy()]
-    cat_of = np.asarray(trace.cats, dtype=object)[ev["cat"].to_numpy()]
+    names = pd.Series(trace.names, dtype=object)  # matched once per distinct name, then looked up by code
+    codes = ev["name"].to_numpy()
+    cats = ev["cat"].to_numpy()
     host = ev["stream"].to_numpy() < 0
-    step_no = pd.Series(name_of).str.extract(STEP, expand=False)
-    is_step = host & (cat_of == "user_annotation") & step_no.notna().to_numpy()
+    step_of_name = pd.to_numeric(names.str.extract(STEP, expand=False)).to_numpy()
+    step_no = step_of_name[codes]
+    is_step = host & np.isin(cats, trace.codes(trace.cats, ["user_annotation"])) & ~np.isnan(step_no)
     if not is_step.any():
         return pd.DataFrame()
-    text = pd.Series(name_of)
-    data = _spans(ev, host & text.str.startswith(DATA).to_numpy())
-    optimizer = _spans(ev, host & text.str.startswith(OPTIMIZER).to_numpy())
-    backward_mask = host & text.str.startswith(BACKWARD).to_numpy()
-    backward = _spans(ev, backward_mask)
-    op_mask = host & np.isin(cat_of, HOST_OPS) & ~is_step
+
+    def named(prefix: str | tuple[str, ...]) -> np.ndarray:
+        return host & names.str.startswith(prefix).to_numpy()[codes]
+
+    data, optimizer = _spans(ev, named(DATA)), _spans(ev, named(OPTIMIZER))
+    backward = _spans(ev, named(BACKWARD))
+    op_mask = host & np.isin(cats, trace.codes(trace.cats, HOST_OPS)) & ~is_step
     comm_spans = _gpu_by_launch(trace)
     rows = []
     ts, dur, thread = ev["ts"].to_numpy(), ev["dur"].to_numpy(), ev["thread"].to_numpy()
@@ -86,7 +88,7 @@ def step_rows(trace: Trace, rank: int) -> pd.DataFrame:
         in_forward = min(_exposed_comm(comm_spans, lo, first_backward), forward_s)
         in_backward = min(_exposed_comm(comm_spans, first_backward, hi), backward_s)
         comm_s = in_forward + in_backward
-        row = {"step": int(step_no.iloc[i]), "rank": rank, "ts_end": hi / 1e6, "step_s": dur[i] / 1e6,
+        row = {"step": int(step_no[i]), "rank": rank, "ts_end": hi / 1e6, "step_s": dur[i] / 1e6,
                "host_s": dur[i] / 1e6, "data_s": data_s / 1e6, "h2d_s": 0.0,
                "forward_s": (forward_s - in_forward) / 1e6, "backward_s": (backward_s - in_backward) / 1e6,
                "optimizer_s": optimizer_s / 1e6, "comm_s": comm_s / 1e6, "checkpoint_s": 0.0}
