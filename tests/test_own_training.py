@@ -235,3 +235,20 @@ def test_two_gloo_ranks_under_torchrun_write_one_run(tmp_path: Path) -> None:
     summary = run.record["summary"]
     assert summary["comm"]["calls_per_step"] >= 1 and "straggler" in summary
     assert pd.notna(summary["tokens_per_s"]) and summary["tokens_per_s"] > 0
+
+
+def test_the_dashboard_shows_runs_of_ones_own_loop(example_runs, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    runs_dir = example_runs["torch"][0].parent
+    monkeypatch.setenv("GLMPERF_RUNS", str(runs_dir))
+    at = AppTest.from_file(str(ROOT / "app" / "streamlit_app.py"), default_timeout=120)
+    at.switch_page("app_pages/runs.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert {p.name for p, _ in example_runs.values()} <= set(at.dataframe[0].value["run"])
+    at.query_params.update(run=example_runs["hf"][0].name)
+    at.switch_page("app_pages/run.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [h.value for h in at.header] == [example_runs["hf"][0].name]
+    assert load_run(example_runs["hf"][0]).record["diagnosis"]["verdict"] in "\n".join(m.value for m in at.markdown)
+    assert len(at.get("plotly_chart")) >= 4 and not at.error
