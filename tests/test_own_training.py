@@ -252,3 +252,30 @@ def test_the_dashboard_shows_runs_of_ones_own_loop(example_runs, monkeypatch: py
     assert [h.value for h in at.header] == [example_runs["hf"][0].name]
     assert load_run(example_runs["hf"][0]).record["diagnosis"]["verdict"] in "\n".join(m.value for m in at.markdown)
     assert len(at.get("plotly_chart")) >= 4 and not at.error
+
+
+def test_a_trainer_that_raises_leaves_the_run_failed_with_its_steps(tmp_path: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from profiler.integrations.hf import GlmperfCallback
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    forwards = []
+
+    def breaks(module, args, kwargs):
+        forwards.append(1)
+        if len(forwards) == 4:
+            raise RuntimeError("out of memory at the 4th batch")
+
+    model.register_forward_pre_hook(breaks, with_kwargs=True)
+    ids = torch.randint(0, 64, (48, 16))
+    data = [{"input_ids": x, "labels": x} for x in ids]
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=6, per_device_train_batch_size=4,
+                             report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True)
+    with pytest.raises(RuntimeError, match="4th batch"), GlmperfCallback(
+            name="hf-crash", runs_dir=tmp_path, profile={**QUICK, "trace": False}) as callback:
+        Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+    record = store.read_run(callback.last_run.dir)
+    assert record["status"] == "failed" and "4th batch" in record["error"]
+    steps = store.read_table(callback.last_run.dir, "steps")
+    assert list(steps["step"]) == [0, 1, 2] and list(steps["tokens"]) == [64, 64, 64]
