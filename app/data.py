@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from optimizers.config import ConfigError
-from profiler import console, store
+from profiler import config, console, store, tune
 from profiler.analysis import RunData, load_run, summary_of
 from profiler.metrics import METRIC_BY_NAME, lookup
 from reports import report_run, report_sweep
@@ -244,6 +244,40 @@ def _sweeps(runs_dir: str, stamps: tuple[tuple[str, int], ...]) -> list[dict[str
 def sweeps(runs_dir: Path) -> list[dict[str, Any]]:
     """Every sweep record, newest first, with its figures and tables (or the `error` that hides them)."""
     return _sweeps(str(runs_dir), _plan_stamps(runs_dir, "sweep"))
+
+
+TUNE_HEADERS = ["round", "diagnosis", "tried", "expected", "verdict", "measured", "decision"]
+
+
+def _tune_rows(record: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for e in record.get("rounds") or []:
+        result = e.get("result") or {}
+        rows.append([str(e["round"]), e.get("diagnosis", ""), config.settings_text(e.get("tried") or {}),
+                     console.expected_text(e) if e.get("expected") else "", result.get("verdict", ""),
+                     console.measured_text(result["measured"]) if result.get("measured") else "",
+                     f"{e.get('decision', '')}: {e.get('why', '')}"])
+    return rows
+
+
+@st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
+def _tunes(runs_dir: str, stamps: tuple[tuple[str, int], ...]) -> list[dict[str, Any]]:
+    out = []
+    for path, _ in stamps:
+        try:
+            record = store.read_plan(Path(path).parent, "tune")
+        except store.StoreError as exc:
+            out.append({"id": Path(path).parent.name, "created": "", "error": str(exc)})
+            continue
+        out.append({"id": record["id"], "created": record.get("created") or "", "record": record,
+                    "rows": _tune_rows(record),
+                    "tuned_yaml": tune.tuned_yaml(record) if record.get("tuned") else None})
+    return sorted(out, key=lambda t: t["created"], reverse=True)
+
+
+def tunes(runs_dir: Path) -> list[dict[str, Any]]:
+    """Every tune record, newest first: its rounds as rows and the tuned config (None until it ends)."""
+    return _tunes(str(runs_dir), _plan_stamps(runs_dir, "tune"))
 
 
 def fmt_metric(name: str, summary: dict[str, Any]) -> str:

@@ -157,7 +157,8 @@ def print_advice_head(run_id: str, advice: Mapping[str, Any], out: TextIO) -> No
         print(f"           expected: {expected_text(top)} (all: glmperf recommend {run_id})", file=out)
 
 
-def _measured(m: Mapping[str, Any]) -> str:
+def measured_text(m: Mapping[str, Any]) -> str:
+    """A verified change's measured effect: the change with its interval and the runs behind it."""
     if m.get("metric") == "stability_events":
         return f"stability events {sum(m['base'])} -> {sum(m['cand'])}"
     label = {"tokens_per_s": "tokens/s", "peak_memory": "peak memory"}.get(m["metric"], m["metric"])
@@ -188,7 +189,7 @@ def print_verification(run_id: str, verification: Mapping[str, Any], out: TextIO
         if r.get("expected"):
             print(f"     expected: {expected_text(r)}", file=out)
         if r.get("measured"):
-            print(f"     measured: {_measured(r['measured'])}", file=out)
+            print(f"     measured: {measured_text(r['measured'])}", file=out)
             moved = _moved_shares(r["measured"].get("shares") or {})
             if moved:
                 print(f"     step shares: {moved}", file=out)

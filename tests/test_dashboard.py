@@ -15,7 +15,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app import cli, jobs
-from profiler import console
+from profiler import console, store
 from profiler.analysis import load_run, summary_of
 from profiler.compare_gate import make_gate
 from profiler.compare_runs import compare
@@ -23,7 +23,7 @@ from profiler.metrics import METRIC_BY_NAME
 from reports.plotting import title
 from reports.report_run import diagnosis_of, run_figures
 from tests.conftest import copy_run
-from tests.test_report_pages import write_sweep
+from tests.test_report_pages import XSS, write_sweep
 
 APP = Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py"
 BAD_JSON, NO_PARQUET = "20260101-000000-badjson-000000", "20260101-000000-noparquet-000000"
@@ -41,10 +41,31 @@ def runs(tmp_path_factory: pytest.TempPathFactory, completed_run: Path, failed_r
     (bad / "run.json").write_text((bad / "run.json").read_text()[:200])
     missing = Path(shutil.copytree(completed_run, root / NO_PARQUET))
     (missing / "steps.parquet").unlink()
-    record = json.loads((missing / "run.json").read_text())
-    (missing / "run.json").write_text(json.dumps({**record, "id": NO_PARQUET}))
+    stored = json.loads((missing / "run.json").read_text())
+    (missing / "run.json").write_text(json.dumps({**stored, "id": NO_PARQUET}))
     write_sweep(root, [completed_run, two_rank_run])
+    write_tune(root, record(completed_run))
     return root
+
+
+def write_tune(root: Path, run: dict) -> None:
+    """A finished tune record in the shape `glmperf tune` stores: one adopted round, one refused."""
+    measured = {"metric": "tokens_per_s", "change_pct": 41.0, "low_pct": 30.5, "high_pct": 52.0, "confidence": 0.99,
+                "runs": [2, 2]}
+    rounds = [{"round": i, "diagnosed_run": run["id"], "diagnosis": f"finding {i}", "bottlenecks": ["input_bound"],
+               "tried": tried, "for": "input_bound",
+               "expected": {"tokens_per_s": {"low": 20.0, "high": 60.0, "unit": "%"}, "basis": "catalog"},
+               "result": {"verdict": verdict, "measured": measured, "reason": "measured"},
+               "decision": decision, "why": why}
+              for i, tried, verdict, decision, why in (
+                  (1, {"switches.dataloader.num_workers": 2}, "confirmed", "adopted", "confirmed within budget"),
+                  (2, {"switches.compile.mode": "default"}, "inconclusive", "refused", f"not confirmed {XSS}"))]
+    figures = {"run": run["id"], "tokens_per_s": 1000.0, "peak_memory_gib": 1.0}
+    store.create_plan(root, "tune", "tiny", {
+        "status": "completed", "spec": {"preset": "tiny", "repeats": 2}, "rounds": rounds,
+        "adopted": [rounds[0]["tried"]], "stopped": "nothing left to try",
+        "tuned": {"settings": rounds[0]["tried"], "config": {"name": "tiny", "switches": {"dataloader": {
+            "num_workers": 2}}}, "start": figures, "end": {**figures, "tokens_per_s": 1410.0}}})
 
 
 def record(run_dir: Path) -> dict:
@@ -71,7 +92,7 @@ def test_runs_page_lists_every_run_with_its_figures(runs: Path, completed_run: P
     at = page(runs, monkeypatch)
     assert [t.value for t in at.title] == ["Runs"]
     table = at.dataframe[0].value.set_index("run")
-    ids = {record(p)["id"] for p in runs.iterdir() if p.name not in (BAD_JSON, "sweeps")} | {BAD_JSON}
+    ids = {record(p)["id"] for p in runs.iterdir() if p.name not in (BAD_JSON, "sweeps", "tunes")} | {BAD_JSON}
     assert set(table.index) == ids
     assert table.loc[BAD_JSON, "status"] == "corrupt" and "not valid JSON" in table.loc[BAD_JSON, "note"]
     assert table.loc[NO_PARQUET, "status"] == "corrupt" and "steps.parquet is missing" in table.loc[NO_PARQUET, "note"]
@@ -158,7 +179,7 @@ def test_compare_page_refuses_unfinished_and_corrupt_runs(runs: Path, completed_
     assert "corrupt" in texts(page(runs, monkeypatch, "compare", base=base, cand=NO_PARQUET), "error")
 
 
-def test_recommend_page_shows_recommendations_and_sweeps(runs: Path, completed_run: Path,
+def test_recommend_page_shows_recommendations_sweeps_and_tunes(runs: Path, completed_run: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     done = record(completed_run)
     at = page(runs, monkeypatch, "recommend", run=done["id"])
@@ -169,6 +190,14 @@ def test_recommend_page_shows_recommendations_and_sweeps(runs: Path, completed_r
     assert at.selectbox(key="sweep").value == "sweep-1"
     assert "**Fastest:** cell" in texts(at, "markdown")
     assert len(at.get("plotly_chart")) >= 3  # recommendations, ablation, Pareto front
+    tune = at.dataframe[-1].value
+    assert list(tune["round"]) == ["1", "2"] and list(tune["verdict"]) == ["confirmed", "inconclusive"]
+    assert tune["tried"][0] == "switches.dataloader.num_workers=2"
+    assert tune["measured"][0].startswith("tokens/s gain +41.0% [+30.5%, +52.0%]")
+    assert tune["decision"][1] == f"refused: not confirmed {XSS}"
+    assert "1,000 (run" in texts(at, "markdown") and "1,410" in texts(at, "markdown")
+    assert "num_workers: 2" in at.code[-1].value and "# round 1: switches.dataloader.num_workers=2: adopted" in \
+        at.code[-1].value
 
 
 @pytest.mark.parametrize("name", ["runs", "run", "compare", "recommend"])

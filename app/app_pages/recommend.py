@@ -1,6 +1,6 @@
 """Recommend: a run's recommendations and their verification by rerunning (started from here as a
-background `glmperf recommend --verify`, whose progress shows and survives a reload), and the sweeps
-with their ablation and Pareto front."""
+background `glmperf recommend --verify`, whose progress shows and survives a reload), the sweeps
+with their ablation and Pareto front, and the tunes round by round with the config they ended in."""
 
 from __future__ import annotations
 
@@ -90,12 +90,37 @@ def _sweeps() -> None:
     widgets.table(sweep["cells"], CELL_HEADERS)
 
 
+def _tunes() -> None:
+    found = data.tunes(runs_dir)
+    if not found:
+        st.info(f"No tunes in `{runs_dir / 'tunes'}`. `glmperf tune --preset tiny --steps 20` runs one.")
+        return
+    ids = [t["id"] for t in found]
+    wanted = st.query_params.get("tune")
+    chosen = st.selectbox("Tune", ids, index=ids.index(wanted) if wanted in ids else 0, key="tune")
+    tune = found[ids.index(chosen)]
+    if tune.get("error"):
+        st.error(tune["error"])
+        return
+    record = tune["record"]
+    st.markdown(f"**Status:** {record.get('status')}  \n**Stopped:** {record.get('stopped') or 'still running'}")
+    tuned = record.get("tuned")
+    if tuned:
+        start, end = tuned["start"], tuned["end"]
+        st.markdown(f"**tokens/s:** {start['tokens_per_s']:,.0f} (run {start['run']}) -> {end['tokens_per_s']:,.0f} "
+                    f"(run {end['run']})")
+    widgets.table(tune["rows"], data.TUNE_HEADERS)
+    if tune["tuned_yaml"]:
+        st.caption("The tuned config, as `profile-run --config` takes it:")
+        st.code(tune["tuned_yaml"], language="yaml")
+
+
 runs_dir = data.runs_dir()
 st.title("Recommend")
 runs = data.records(runs_dir)
 if widgets.no_runs(runs_dir, runs):
     st.stop()
-verify_tab, sweeps_tab = st.tabs(["Verify a run's recommendations", "Sweeps"])
+verify_tab, sweeps_tab, tunes_tab = st.tabs(["Verify a run's recommendations", "Sweeps", "Tunes"])
 with verify_tab:
     run_id = widgets.pick_run([str(r["id"]) for r in runs if r.get("status") != "corrupt"], label="Run", key="run")
     if run_id is None:
@@ -104,3 +129,5 @@ with verify_tab:
         _verify(run_id)
 with sweeps_tab:
     _sweeps()
+with tunes_tab:
+    _tunes()
