@@ -17,7 +17,13 @@ compile (torchtitan's order).
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    parallelize_module,
+)
 
 from optimizers.base import SetupContext, Stage, TrainSetup, blocks
 from optimizers.parallel import ParallelConfig
@@ -52,8 +58,15 @@ def interleave_gate_up(weight: torch.Tensor, tp: int) -> torch.Tensor:
 
 def apply_tensor_parallel(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> None:
     mesh = setup.mesh["tp"]
-    plan = {name.rsplit(".", 1)[0]: ColwiseParallel() if dim == 0 else RowwiseParallel()
-            for name, dim in SHARDED_DIM.items()}
+    # the block input, one replicated DTensor for all the colwise matmuls that read it: its
+    # gradient is then all-reduced once per module in backward, not once per matmul
+    once = {"self_attn": PrepareModuleInput(input_layouts=(Replicate(), None, None, None),
+                                            desired_input_layouts=(Replicate(), None, None, None),
+                                            use_local_output=False),
+            "mlp": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
+                                      use_local_output=False)}
+    plan = {**once, **{name.rsplit(".", 1)[0]: ColwiseParallel() if dim == 0 else RowwiseParallel()
+                       for name, dim in SHARDED_DIM.items()}}
     layers = blocks(setup.raw_model)
     for block in layers:
         with torch.no_grad():
