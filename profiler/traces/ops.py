@@ -40,7 +40,8 @@ def op_rows(trace: Trace, rank: int, steps: int) -> pd.DataFrame:
     """ops.parquet rows of this rank (docs/run-format.md)."""
     ev = trace.events
     op_codes, launch_codes = trace.codes(trace.cats, HOST_OPS), trace.codes(trace.cats, LAUNCH_CATS)
-    host = ev[(ev["stream"] < 0) & ev["cat"].isin(op_codes + launch_codes)].copy()
+    columns = ["cat", "name", "thread", "ts", "dur", "correlation", "input_dims", "flops"]
+    host = ev.loc[(ev["stream"] < 0) & ev["cat"].isin(op_codes + launch_codes), columns]
     if not host["cat"].isin(op_codes).any():
         return pd.DataFrame()
     host["end"] = host["ts"] + host["dur"]

@@ -11,7 +11,9 @@ as profile-run's steps on CPU). Inside it, on the host timeline:
   GPU (exposed), carved out of the phase that launched them (forward or backward) and capped at it,
   as profile-run's step timer carves DDP's exposed all-reduce out of backward;
 - `other_s`: the remainder. `h2d_s` and `checkpoint_s` are 0: a trace does not mark them.
-Phases are disjoint, so they sum to `step_s`. Tokens and loss are not in a trace (NaN).
+Phases are disjoint, so they sum to `step_s`. Tokens and loss are not in a trace (NaN). The
+vocabulary's phases (profiler.metrics) are named here, not imported: that module loads torch,
+which reading a trace does not need.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import re
 import numpy as np
 import pandas as pd
 
-from profiler.metrics import PHASE_COLUMNS
 from profiler.traces import intervals
 from profiler.traces.reader import Trace
 from profiler.traces.window import COMMUNICATION, COMPUTATION, kind, rounded
@@ -92,7 +93,8 @@ def step_rows(trace: Trace, rank: int) -> pd.DataFrame:
                "host_s": dur[i] / 1e6, "data_s": data_s / 1e6, "h2d_s": 0.0,
                "forward_s": (forward_s - in_forward) / 1e6, "backward_s": (backward_s - in_backward) / 1e6,
                "optimizer_s": optimizer_s / 1e6, "comm_s": comm_s / 1e6, "checkpoint_s": 0.0}
-        row["other_s"] = max(0.0, row["step_s"] - sum(row[c] for c in PHASE_COLUMNS if c != "other_s"))
+        phases = ("data_s", "h2d_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "checkpoint_s")
+        row["other_s"] = max(0.0, row["step_s"] - sum(row[c] for c in phases))
         rows.append(row)
     out = pd.DataFrame(rows)
     return out.assign(tokens=np.nan, loss=np.nan, skipped=False, warmup=False, profiled=False)
