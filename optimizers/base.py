@@ -128,6 +128,12 @@ class TrainSetup:
     mesh: Any = None
     """The device mesh of a sharded or model-parallel layout (a torch DeviceMesh with dims pp, dp,
     fsdp, tp); None for one process or plain data parallel (DDP)."""
+    pipeline: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    """`pipeline(input_ids, labels) -> loss`: runs forward and backward of a batch through a pipeline
+    schedule (the trainer calls it instead of the model); the batch's mean loss on every stage."""
+    grad_norm_group: Any = None
+    """The process group over which the gradient norm is completed (pipeline stages each hold
+    their own blocks' gradients); None: this rank's gradients are the whole model's."""
     data_shard: tuple[int, int] | None = None
     """(index, count) of the data-parallel replica this rank belongs to, for the loader: ranks of
     one tensor-parallel group read the same batch. None: every rank is its own replica."""

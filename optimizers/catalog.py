@@ -24,6 +24,7 @@ ORDER = (
     ("ffn_pruning", "OPTIMIZATION"),  # shrink/mask FFN weights while the modules are still plain
     ("attention", "OPTIMIZATION"),  # choose the kernel before anything traces or wraps the blocks
     ("parallel", "OPTIMIZATION"),  # process group and device mesh (pp x dp x fsdp x tp) for the stages below
+    ("pipeline", "STAGE"),  # cut the blocks into stages first: the other stages work on this rank's part
     ("tensor_parallel", "STAGE"),  # split the matmuls before checkpointing and compile wrap the blocks
     ("activation_checkpointing", "OPTIMIZATION"),  # wrap blocks before compile sees them (torchtitan)
     ("compile", "OPTIMIZATION"),  # compile the final block structure

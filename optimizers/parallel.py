@@ -170,8 +170,17 @@ def _check_trainer(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
     if cfg.model_parallel == 1:
         return None
     if cfg.pp > 1:
-        return (f"pp={cfg.pp}: this trainer does not run pipeline schedules; `glmperf plan` plans them. "
-                "allowed for training: pp=1 (use fsdp or tp to split the model)")
+        if cfg.pp != ctx.world_size:
+            return (f"pp={cfg.pp} on {ctx.world_size} ranks: this trainer runs a pipeline alone (no data, fsdp "
+                    f"or tp degree beside it); allowed: pp = the world size ({ctx.world_size}); `glmperf plan` "
+                    "plans the combinations")
+        if cfg.schedule == "interleaved_1f1b":
+            return "schedule=interleaved_1f1b is planned by `glmperf plan`, not trained here; allowed: gpipe, 1f1b"
+        if switches.grad_accumulation.steps > 1:
+            return (f"pp={cfg.pp} with grad_accumulation={switches.grad_accumulation.steps}: the schedule's "
+                    "micro-batches are the accumulation; raise switches.parallel.microbatches instead")
+        if ctx.objective != "causal":
+            return f"pp={cfg.pp}: stages pass hidden states only, so no attention mask; allowed: data.objective=causal"
     if cfg.tp > 1 and cfg.fsdp == 1 and ctx.world_size > cfg.model_parallel:
         return (f"tp={cfg.tp} with {ctx.world_size // cfg.model_parallel} data-parallel replicas: replicas of a "
                 f"tensor-parallel model synchronize through FSDP here; allowed: fsdp x tp = the world size "

@@ -229,11 +229,35 @@ class GLMForCausalLM(nn.Module):
                                    ignore_index=IGNORE_INDEX)
         return CausalLMOutput(logits=logits, loss=loss)
 
+    def keep_stage(self, start: int, stop: int) -> None:
+        """Keep only what pipeline stage [start, stop) of the blocks runs (optimizers.pipeline): those
+        blocks, the embedding on the first stage, the final norm and lm_head on the last."""
+        layers = self.model.layers
+        self.model.layers = nn.ModuleList(layers[i] for i in range(start, stop))
+        if start > 0:
+            self.model.embed_tokens = None
+        if stop < len(layers):
+            self.model.norm = self.lm_head = None
+
+    def stage_forward(self, x: Tensor) -> Tensor:
+        """A pipeline stage's forward: token ids (B, T) in on the first stage, hidden states (B, T, d)
+        elsewhere; logits (B, T, V) out on the last. Causal attention, positions 0..T-1."""
+        inner = self.model
+        if inner.embed_tokens is not None:
+            x = inner.embed_tokens(x)  # (B, T, d)
+        B, T = x.shape[:2]
+        cos, sin = inner.rotary_emb(torch.arange(T, device=x.device).expand(B, T), x.dtype)
+        for block in inner.layers:
+            x = block(x, cos, sin, None)
+        if self.lm_head is not None:
+            x = self.lm_head(inner.norm(x))  # (B, T, V)
+        return x
+
     def num_params(self, non_embedding: bool = False) -> int:
         """Unique parameters (a shared one counts once); non_embedding drops the input embedding,
         keeping lm_head (untied, it does a matmul per token)."""
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
+        if non_embedding and self.model.embed_tokens is not None:
             n -= self.model.embed_tokens.weight.numel()
         return n
 
@@ -250,7 +274,7 @@ class GLMForCausalLM(nn.Module):
         a linear-attention run does different attention work than this term counts).
         """
         n = sum(sum(p.numel() for p in block.parameters()) for block in self.blocks)
-        n += sum(p.numel() for p in self.model.norm.parameters())
-        n += sum(p.numel() for p in self.lm_head.parameters())
+        for head in (self.model.norm, self.lm_head):  # absent on a pipeline stage but the last
+            n += sum(p.numel() for p in head.parameters()) if head is not None else 0
         L, H, Q = len(self.blocks), self.config.num_attention_heads, self.config.head_dim
         return 6.0 * n + 12.0 * L * H * Q * seq_len

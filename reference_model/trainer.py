@@ -151,13 +151,23 @@ def shape_of(cfg: GLMConfig) -> ModelShape:
                       intermediate_size=cfg.intermediate_size)
 
 
-def total_grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The global L2 norm of the gradients, also when some are DTensors (sharded or split over ranks).
+def total_grad_norm(params: Sequence[torch.Tensor], *, group: Any = None) -> torch.Tensor:
+    """The global L2 norm of the gradients, also when some are DTensors (sharded or split over ranks)
+    and when `group`'s ranks (pipeline stages) each hold the gradients of their own parameters.
 
     torch's own norm takes all plain tensors or all DTensors of one mesh; a tensor-parallel model
     mixes split block weights with whole norms and embeddings, so each kind is normed on its own
     and DTensor norms are completed across their ranks.
     """
+    norm = _local_grad_norm(params)
+    if group is None:
+        return norm
+    squared = norm.float() ** 2
+    torch.distributed.all_reduce(squared, group=group)
+    return squared.sqrt()
+
+
+def _local_grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
     grads = [p.grad for p in params if p.grad is not None]
     plain = [g for g in grads if not isinstance(g, DTensor)]
     split = [g for g in grads if isinstance(g, DTensor)]
@@ -335,6 +345,10 @@ class Trainer:
                           last: bool) -> torch.Tensor:
         """Backward of this micro-batch's loss times its share of the step's labelled tokens."""
         s = self.setup
+        if s.pipeline is not None:  # forward and backward run interleaved inside the schedule
+            with self.phase(step, "forward"), torch.autocast(
+                    self.device.type, dtype=s.autocast_dtype, enabled=s.autocast_dtype is not None):
+                return s.pipeline(batch["input_ids"], batch["labels"]) * weight
         with s.micro_batch(last=last):
             with self.phase(step, "forward"), torch.autocast(
                     self.device.type, dtype=s.autocast_dtype, enabled=s.autocast_dtype is not None):
@@ -367,7 +381,7 @@ class Trainer:
             loss = torch.stack(losses).sum()  # the mean over every labelled token of the step
             if s.scaler is not None:
                 s.scaler.unscale_(s.optimizer)
-            grad_norm = total_grad_norm(self.params)
+            grad_norm = total_grad_norm(self.params, group=s.grad_norm_group)
             if s.clip_grad_norm > 0:
                 clip_grads(self.params, s.clip_grad_norm, grad_norm)
             skipped = self._guard(step, loss, grad_norm, batch)

@@ -6,7 +6,7 @@ writes this rank's losses and held bytes to OUT/rank<r>.json.
 SCENARIOS is a JSON list of {"name", "preset", "switches", "steps", "batch_size"}. Per scenario a rank reports
 its step losses, the bytes of parameters, gradients and optimizer state it holds after training
 (`Trainer.held_bytes`), and the bytes one forward saves for backward (`profiler.plan.saved_bytes`,
-the count `glmperf plan` traces). Every scenario reuses one process group.
+the count `glmperf plan` traces; not for a pipeline stage). Every scenario reuses one process group.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
     trainer.fit()
     held = trainer.held_bytes()  # before the measuring forward, which leaves FSDP's root gathered
     ids = torch.zeros(scenario["batch_size"], SEQ_LEN, dtype=torch.long)
-    activations = saved_bytes(trainer.setup.model, ids, trainer.setup.autocast_dtype)
+    # a pipeline stage's activations depend on its schedule's micro-batches in flight: not counted here
+    activations = None if trainer.setup.pipeline else saved_bytes(trainer.setup.model, ids,
+                                                                   trainer.setup.autocast_dtype)
     return {"losses": losses.values, "held": held, "activations": activations, "notes": trainer.setup.notes}
 
 

@@ -1,10 +1,10 @@
-"""The parallel switch on real torchrun ranks over gloo: FSDP2 and tensor parallelism train like one
-process, FSDP holds half of DDP's model states per rank, and `glmperf plan` predicts what the ranks
+"""The parallel switch on real torchrun ranks over gloo: FSDP2, tensor and pipeline parallelism train
+like one process, FSDP holds half of DDP's model states per rank, and `glmperf plan` predicts what the ranks
 measure.
 
 One torchrun launch (tests/parallel_worker.py) trains the 2-rank scenarios, a second fsdp=2 x tp=2
 on 4 ranks. Same losses means: the mean of the data replicas' losses (each on its share of the
-global batch; the ranks of one tensor-parallel group share a batch) equals one process's loss on
+global batch; the ranks of one tensor-parallel group or pipeline share a batch) equals one process's loss on
 the whole batch within LOSS_TOL; sharded sums run in another order, so the low bits may differ.
 """
 
@@ -32,7 +32,11 @@ LOSS_TOL = 1e-4
 FSDP2 = {"parallel": {"fsdp": 2}}
 TP2 = {"parallel": {"tp": 2}}
 FSDP2_TP2 = {"parallel": {"fsdp": 2, "tp": 2}}
+PP2 = {"gpipe": {"parallel": {"pp": 2, "microbatches": 2, "schedule": "gpipe"}},
+       "1f1b": {"parallel": {"pp": 2, "microbatches": 2, "schedule": "1f1b"}}}
 SCENARIOS = [
+    *[{"name": f"pp-{schedule}", "preset": "tiny", "switches": switches, "steps": STEPS, "batch_size": BATCH}
+      for schedule, switches in PP2.items()],
     {"name": "tp", "preset": "tiny", "switches": TP2, "steps": STEPS, "batch_size": BATCH},
     {"name": "small-tp", "preset": "small", "switches": TP2, "steps": 1, "batch_size": BATCH},
     {"name": "ddp", "preset": "tiny", "switches": {}, "steps": STEPS, "batch_size": BATCH},
@@ -78,6 +82,23 @@ def test_tensor_parallel_ranks_share_a_batch_and_train_like_one_process(ranks: l
     assert r0["losses"] == pytest.approx(r1["losses"], abs=1e-6)
     assert r0["losses"] == pytest.approx(one_process_losses(tmp_path, batch_size=BATCH), abs=LOSS_TOL)
     assert r0["held"]["params"] < ranks[0]["ddp"]["held"]["params"]
+
+
+@pytest.mark.parametrize("schedule", list(PP2))
+def test_a_two_stage_pipeline_trains_like_one_process(ranks: list[dict], schedule: str, tmp_path: Path) -> None:
+    """Both stages report the last stage's loss of the shared batch; each holds about half the model
+    (stage 0 the embedding and block 0, stage 1 block 1, the final norm and lm_head), as plan says."""
+    r0, r1 = (r[f"pp-{schedule}"] for r in ranks)
+    assert any(n.startswith("pipeline: stage 0 of 2") for n in r0["notes"]), r0["notes"]
+    assert r0["losses"] == r1["losses"]
+    assert r0["losses"] == pytest.approx(one_process_losses(tmp_path, batch_size=BATCH), abs=LOSS_TOL)
+    whole = ranks[0]["ddp"]["held"]["params"]
+    assert r0["held"]["params"] + r1["held"]["params"] == whole
+    cfg = build_run_config({"model": {"preset": "tiny"}, "data": {"seq_len": SEQ_LEN},
+                            "train": {"batch_size": BATCH}, "switches": PP2[schedule]})
+    planned = plan(cfg, 2).per_rank_bytes
+    for part in ("params", "grads", "optimizer"):  # plan gives the busier stage
+        assert planned[part] == pytest.approx(max(r0["held"][part], r1["held"][part]), rel=0.10), part
 
 
 def test_fsdp_by_tp_on_four_ranks_trains_like_one_process(four_ranks: list[dict], tmp_path: Path) -> None:
