@@ -1,4 +1,4 @@
-"""Parallel layouts: the device mesh of data x fully-sharded x tensor x pipeline parallelism (000 ch.6; 004 4.2).
+"""Parallel layouts: the device mesh of data x fully-sharded x tensor x pipeline parallelism (000 ch.5; 004 4.2).
 
 `switches.parallel` names the degrees of the model-sharding techniques; data parallelism is what is
 left of the world size: dp = world / (fsdp x tp x pp). The mesh's dims are, outermost first,
@@ -158,6 +158,9 @@ def _check_conflicts(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
     cfg = switches.parallel
     if cfg.model_parallel == 1:
         return None
+    if cfg.sequence_parallel:
+        return ("sequence_parallel=true: the norms' activations are not split along the sequence by this "
+                "trainer (nor counted so by `glmperf plan`); allowed: false")
     for name, active, why in _CONFLICTS:
         if active(switches):
             return f"fsdp={cfg.fsdp}, tp={cfg.tp}, pp={cfg.pp} cannot run with switches.{name}: {why}"
@@ -165,7 +168,7 @@ def _check_conflicts(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
 
 
 def _check_trainer(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
-    """What the reference trainer does not run yet, though a layout may be planned with it."""
+    """What the reference trainer does not run, though a layout may be planned with it."""
     cfg = switches.parallel
     if cfg.model_parallel == 1:
         return None
@@ -233,7 +236,7 @@ OPTIMIZATION = Optimization(
          "activations twice per block in forward and in backward; pp idles (p-1)/(m+p-1) of a step",
     risk="same results up to the order of floating-point sums; a layout that does not divide the "
          "heads, layers or world size is refused",
-    source="000 ch.6 (ZeRO-3 with tensor parallelism); 004 4.2",
+    source="000 ch.5 (ZeRO-3 with tensor parallelism on an 8-GPU node); 004 4.2",
     needs="several ranks (torchrun --nproc_per_node N) whose number the degrees' product divides",
     checks=(_check_layout, _check_conflicts, _check_trainer),
     candidates=(

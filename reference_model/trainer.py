@@ -47,7 +47,9 @@ class StepRecord:
     """Micro-batch size in samples (per rank)."""
     micro_batches: int
     tokens: int
-    """Input tokens this rank processed in the step."""
+    """Input tokens this rank processed in the step: its share of its data-parallel replica's batch
+    when several ranks (tensor-parallel or pipeline) work on one batch, so the ranks' sum counts
+    every token once."""
     loss: torch.Tensor
     """Mean loss over the micro-batches (a detached device tensor: reading it is a device sync)."""
     grad_norm: torch.Tensor
@@ -377,6 +379,8 @@ class Trainer:
         losses = [self._forward_backward(step, b, weights[i], last=i == len(micro) - 1)
                   for i, b in enumerate(micro)]
         batch, tokens = micro[-1], sum(b["input_ids"].numel() for b in micro)
+        if s.data_shard is not None:  # world / replicas ranks share each replica's batch
+            tokens = tokens * s.data_shard[1] // self.ctx.world_size
         with self.phase(step, "optimizer"):
             loss = torch.stack(losses).sum()  # the mean over every labelled token of the step
             if s.scaler is not None:
