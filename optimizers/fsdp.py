@@ -1,4 +1,4 @@
-"""Fully sharded data parallel (FSDP2 `fully_shard`, ZeRO-3; 000 ch.6): a stage of `switches.parallel`.
+"""Fully sharded data parallel (FSDP2 `fully_shard`, ZeRO-3; 000 ch.5): a stage of `switches.parallel`.
 
 Every parameter becomes a DTensor sharded on dim 0 over the mesh's fsdp dim, so each rank holds
 1/fsdp of the parameters and, since gradients and optimizer state follow their parameters, of

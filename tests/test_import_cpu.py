@@ -12,6 +12,8 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 
 from profiler.analysis import load_run
 from profiler.cli import main
+from profiler.traces import trace_summary
+from tests.conftest import tiny_run
 
 ACTIVE = 3
 
@@ -62,3 +64,12 @@ def test_cpu_trace_imports_with_the_cpu_breakdown(trace_dir: Path, tmp_path: Pat
     trace = out["summary"]["trace"]["ranks"]["0"]
     assert trace["steps"] == ACTIVE and "temporal" not in trace  # no GPU: no GPU breakdown
     assert main(["diagnose", out["path"]]) == 0  # the CPU rules run on it
+
+
+def test_profile_runs_own_traces_get_the_same_analysis(tmp_path: Path) -> None:
+    """trace_summary reads a profile-run's traces/rank<r>.json.gz as import reads any trace."""
+    run_dir = tiny_run(tmp_path, "train.steps=5")
+    summary = trace_summary(run_dir)
+    assert list(summary["ranks"]) == ["0"]
+    assert summary["ranks"]["0"]["steps"] == 2  # the active steps of trace_window [1, 1, 2]
+    assert "temporal" not in summary["ranks"]["0"]  # a CPU run: no GPU events

@@ -84,56 +84,88 @@ def _environment(meta: dict[str, Any], gpu: bool, world_size: int) -> dict[str, 
             "nvml": {"available": False, "why": "imported from traces: no samples"}}
 
 
+@dataclass
+class Analysed:
+    """Every readable trace of a set, analysed: figures and table rows by rank, and what failed."""
+
+    per_rank: dict[int, dict[str, Any]] = field(default_factory=dict)
+    tables: dict[str, list[pd.DataFrame]] = field(default_factory=lambda: {"steps": [], "ops": [], "kernels": []})
+    paths: dict[int, Path] = field(default_factory=dict)
+    failed: list[dict[str, str]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    """The top-level fields of the first trace read (distributedInfo, deviceProperties, ...)."""
+
+    def table(self, name: str) -> pd.DataFrame:
+        frames = self.tables[name]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    def summary(self) -> dict[str, Any]:
+        """summary.trace: per rank, then across ranks."""
+        return {"ranks": {str(r): f for r, f in sorted(self.per_rank.items())},
+                **ranks.analyze(self.table("steps"), self.per_rank)}
+
+
+def analyse_traces(files: list[Path]) -> Analysed:
+    """Read and analyse each file in turn (one trace in memory at a time)."""
+    out = Analysed()
+    unnamed = 0
+    for path in files:
+        try:
+            trace = read_trace(path)
+        except TraceError as exc:
+            out.failed.append({"file": str(path), "error": str(exc)})
+            continue
+        rank = rank_of(trace)
+        if rank is None:
+            rank, unnamed = unnamed, unnamed + 1
+        if rank in out.paths:
+            out.failed.append({"file": str(path), "error": f"{path}: rank {rank} again (also in "
+                                                             f"{out.paths[rank].name})"})
+            continue
+        figures, rows = analyze_rank(trace, rank)
+        if not figures["steps"] and "temporal" not in figures:
+            out.failed.append({"file": str(path), "error": f"{path}: no ProfilerStep#N spans and no GPU events: "
+                                                             "nothing to analyse"})
+            continue
+        out.paths[rank], out.per_rank[rank], out.meta = path, figures, out.meta or trace.meta
+        for table, df in rows.items():
+            if not df.empty:
+                out.tables[table].append(df)
+        del trace
+    return out
+
+
+def trace_summary(run_dir: Path) -> dict[str, Any]:
+    """summary.trace of a run profile-run measured, from its own traces (traces/rank<r>.json.gz), or {}
+    when it has none: the same GPU figures an imported run gets, for profile-run on CUDA."""
+    analysed = analyse_traces(store.trace_paths(run_dir))
+    return analysed.summary() if analysed.per_rank else {}
+
+
 def import_traces(trace_dir: str | Path, *, name: str | None = None, runs_dir: Path | None = None) -> Imported:
     """Import every trace in `trace_dir` as one run; raises ImportFailed when none can be read."""
     trace_dir = Path(trace_dir)
     files = trace_files(trace_dir)
     if not files:
         raise ImportFailed(f"no chrome traces (*.json, *.json.gz) in {trace_dir}")
-    failed: list[dict[str, str]] = []
-    per_rank: dict[int, dict[str, Any]] = {}
-    tables: dict[str, list[pd.DataFrame]] = {"steps": [], "ops": [], "kernels": []}
-    paths: dict[int, Path] = {}
-    meta: dict[str, Any] = {}
-    unnamed = 0
-    for path in files:
-        try:
-            trace = read_trace(path)
-        except TraceError as exc:
-            failed.append({"file": str(path), "error": str(exc)})
-            continue
-        rank = rank_of(trace)
-        if rank is None:
-            rank, unnamed = unnamed, unnamed + 1
-        if rank in paths:
-            failed.append({"file": str(path), "error": f"{path}: rank {rank} again (also in {paths[rank].name})"})
-            continue
-        figures, rows = analyze_rank(trace, rank)
-        if not figures["steps"] and "temporal" not in figures:
-            failed.append({"file": str(path), "error": f"{path}: no ProfilerStep#N spans and no GPU events: "
-                                                         "nothing to analyse"})
-            continue
-        paths[rank], per_rank[rank], meta = path, figures, meta or trace.meta
-        for table, df in rows.items():
-            if not df.empty:
-                tables[table].append(df)
-        del trace
-    if not paths:
-        raise ImportFailed("no trace could be imported: " + "; ".join(f["error"] for f in failed))
-    gpu = any("temporal" in f for f in per_rank.values())
-    record = {"source": "import", "config": {}, "world_size": len(paths),
-              "environment": _environment(meta, gpu, len(paths)),
-              "import": {"trace_dir": str(trace_dir.resolve()), "files": {str(r): str(p) for r, p in
-                                                                           sorted(paths.items())},
-                         "failed": failed, "job_world_size": (meta.get("distributedInfo") or {}).get("world_size")},
+    analysed = analyse_traces(files)
+    if not analysed.paths:
+        raise ImportFailed("no trace could be imported: " + "; ".join(f["error"] for f in analysed.failed))
+    gpu = any("temporal" in f for f in analysed.per_rank.values())
+    world = len(analysed.paths)
+    job_world = (analysed.meta.get("distributedInfo") or {}).get("world_size")
+    record = {"source": "import", "config": {}, "world_size": world,
+              "environment": _environment(analysed.meta, gpu, world),
+              "import": {"trace_dir": str(trace_dir.resolve()),
+                         "files": {str(r): str(p) for r, p in sorted(analysed.paths.items())},
+                         "failed": analysed.failed, "job_world_size": job_world},
               "pid": None}
     run_dir = store.create_run(store.default_runs_dir(runs_dir), name or trace_dir.resolve().name, record)
-    steps = pd.concat(tables["steps"], ignore_index=True) if tables["steps"] else pd.DataFrame()
-    for table, frames in tables.items():
-        store.write_table(run_dir, table, pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
+    for table in analysed.tables:
+        store.write_table(run_dir, table, analysed.table(table))
     store.compact(run_dir)
-    _finish(run_dir, {"ranks": {str(r): f for r, f in sorted(per_rank.items())}, **ranks.analyze(steps, per_rank)})
-    return Imported(run_dir=run_dir, ranks=paths, failed=failed)
+    _finish(run_dir, analysed.summary())
+    return Imported(run_dir=run_dir, ranks=analysed.paths, failed=analysed.failed)
 
 
 def _finish(run_dir: Path, trace_summary: dict[str, Any]) -> None:
