@@ -18,7 +18,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 from profiler.integrations.hf import GlmperfCallback
 
-MODEL = {"vocab_size": 512, "n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 4}
+MODEL = {"vocab_size": 512, "n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 4,
+         "bos_token_id": 0, "eos_token_id": 0}  # inside the vocabulary (GPT-2's default 50256 is not)
 SEQ_LEN, BATCH_SIZE = 64, 8
 
 
