@@ -96,7 +96,12 @@ class SnapshotAt(TrainerHook):
 
 @pytest.fixture(scope="session")
 def completed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_run(tmp_path_factory.mktemp("completed"), "train.steps=8", "name=completed")
+    """A finished run with a bottleneck on any machine: input bound by a slow reader (20 ms a batch).
+
+    Whether a compute bottleneck shows on a tiny run depends on the CPU (its bf16 support, its
+    speed); a data wait does not, so the diagnosis, its recommendation and what shows them are
+    the same everywhere."""
+    return tiny_run(tmp_path_factory.mktemp("completed"), "train.steps=8", "data.io_delay_ms=20", "name=completed")
 
 
 @pytest.fixture(scope="session")

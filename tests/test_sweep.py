@@ -251,8 +251,10 @@ def completed_runs(record: dict[str, Any]) -> set[str]:
 
 @pytest.mark.slow
 def test_an_interrupted_sweep_restarted_runs_nothing_done_again(tmp_path: Path) -> None:
-    args = ["sweep", "--preset", "tiny", *FAST, "--grid", "switches.amp=off,bf16", "--grid", "train.batch_size=2,4",
-            "--steps", "40", "--runs-dir", str(tmp_path), "--no-progress"]
+    # a slow reader (50 ms a batch) keeps each cell training for 2 s or more, however fast the machine,
+    # so the Ctrl-C below lands inside a cell
+    args = ["sweep", "--preset", "tiny", *FAST, "--set=data.io_delay_ms=50", "--grid", "switches.amp=off,bf16",
+            "--grid", "train.batch_size=2,4", "--steps", "40", "--runs-dir", str(tmp_path), "--no-progress"]
     proc = subprocess.Popen([sys.executable, "-c", "import sys; from profiler.cli import main; sys.exit(main())",
                              *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -260,9 +262,13 @@ def test_an_interrupted_sweep_restarted_runs_nothing_done_again(tmp_path: Path) 
             plans = store.list_plans(tmp_path, "sweep")
             return bool(plans and completed_runs(plans[0][1]))
 
-        wait_until(first_cell_stored)
+        def alive(check: Any) -> Any:
+            assert proc.poll() is None, proc.communicate()
+            return check()
+
+        wait_until(lambda: alive(first_cell_stored))
         # Ctrl-C while the second cell trains (it has flushed steps)
-        wait_until(lambda: any(training(r) for r in stored_runs(tmp_path)))
+        wait_until(lambda: alive(lambda: any(training(r) for r in stored_runs(tmp_path))))
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:

@@ -91,12 +91,17 @@ def test_verify_confirms_the_loader_fix_of_an_input_bound_run_and_stores_it(tmp_
     assert top["verdict"] == "confirmed" or top["reason"].startswith("the machine was busy"), top
     assert top["measured"]["low_pct"] > 0
     shares = top["measured"]["shares"]
-    assert shares["candidate"]["data"] <= shares["baseline"]["data"] / 2
+    assert shares["candidate"]["data"] < shares["baseline"]["data"]
     stored = store.read_run(run_dir)["diagnosis"]["verification"]
     assert stored["results"][0]["verdict"] == top["verdict"]
     linked = [r for r in store.list_runs(runs_dir) if (r.get("verifies") or {}).get("run") == run_dir.name]
     assert sorted(r["verifies"]["trial"] for r in linked) == ["baseline"] * 3 + ["dataloader"] * 3
     assert {r["status"] for r in linked} == {"completed"}
+    # two workers sleeping 30 ms a batch deliver one every 15 ms: the wait a step at least halves,
+    # however busy the cores (a busier step only waits less); its share need not, as the step shrinks
+    wait = {trial: [r["summary"]["step_time_s"]["mean"] * r["summary"]["phase_share"]["data"]
+                    for r in linked if r["verifies"]["trial"] == trial] for trial in ("baseline", "dataloader")}
+    assert max(wait["dataloader"]) <= 0.55 * min(wait["baseline"]), wait
     shown = glmperf("recommend", "slow-input", "--runs-dir", str(runs_dir))
     assert top["verdict"] in shown.stdout and "switches.dataloader.num_workers=2" in shown.stdout
 
