@@ -364,13 +364,12 @@ class Trainer:
         t0 = time.perf_counter()
         self._call("on_step_start", step)
         s.optimizer.zero_grad(set_to_none=True)
-        non_blocking = bool(s.loader_options.get("pin_memory"))
         micro = []
         for _ in range(s.accumulation_steps):
             with self.phase(step, "data"):
                 batch = next(batches)
-            with self.phase(step, "h2d"):
-                micro.append({k: v.to(self.device, non_blocking=non_blocking) for k, v in batch.items()})
+            with self.phase(step, "h2d"):  # never a blocking copy: it would make the host wait for the device
+                micro.append({k: v.to(self.device, non_blocking=True) for k, v in batch.items()})
         # Weight each micro-batch by its share of the step's labelled tokens, so N micro-batches give
         # the gradient of one big batch even when label counts differ (blank infilling); with equal
         # counts (causal) every weight is exactly 1/N. Counted on the device: no sync.

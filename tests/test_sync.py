@@ -1,9 +1,10 @@
 """No device synchronization per step: the trainer and the instruments never read a device value in
 a default step, so on CUDA the host runs ahead of the device as it would without glmperf.
 
-A read (`item`, `float`, `bool`, `int`, `tolist`, `numpy` of a tensor) is what makes the host wait
-for the device; reading a value the device has already produced (`LazyScalars` once ready) does
-not, and it runs with torch-function handling off, so the counter below sees only the blocking kind.
+A read (`item`, `float`, `bool`, `int`, `tolist`, `numpy` of a tensor) or a copy to a device without
+`non_blocking=True` is what makes the host wait for the device; reading a value the device has
+already produced (`LazyScalars` once ready) does not, and it runs with torch-function handling off,
+so the counter below sees only the blocking kind.
 On the CPU nothing waits, but the same count tells whether a CUDA run would (scripts/gpu_check.sh
 checks the real thing with torch.cuda.set_sync_debug_mode on a GPU). One read is not counted:
 torch.optim's `_get_value` of its step counter, which torch keeps on the host (capturable=False),
@@ -16,12 +17,25 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import torch
 from torch.overrides import TorchFunctionMode
 
 from reference_model.trainer import StepRecord, TrainerHook
 from tests.conftest import tiny_run
 
 READS = {"item", "__float__", "__bool__", "__int__", "__index__", "tolist", "numpy"}
+COPIES = {"to", "cuda"}
+"""A copy to a device without non_blocking=True waits for the device's stream (host to CUDA too:
+torch synchronizes after it). On the CPU it is a no-op, so its arguments tell; torch's own moves
+to a tensor's own device (clip_grad's norms) are no-ops on CUDA too and are not counted."""
+TORCH_DIR = str(Path(torch.__file__).parent)
+
+
+def _blocking_copy(name: str, args: tuple, kwargs: dict, caller: str) -> bool:
+    if name not in COPIES or caller.startswith(TORCH_DIR):
+        return False
+    to_device = name == "cuda" or "device" in kwargs or any(isinstance(a, (torch.device, str)) for a in args[1:])
+    return to_device and not kwargs.get("non_blocking", False)
 
 
 class CountReads(TorchFunctionMode):
@@ -37,7 +51,7 @@ class CountReads(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         caller = sys._getframe(1).f_code
         host_counter = caller.co_name == "_get_value" and caller.co_filename.endswith("optim/optimizer.py")
-        if name in READS and not host_counter:
+        if (name in READS and not host_counter) or _blocking_copy(name, args, kwargs or {}, caller.co_filename):
             self.reads[self.step] += 1
             self.what.setdefault(self.step, []).append(name)
         return func(*args, **(kwargs or {}))
