@@ -91,15 +91,18 @@ _MEMORY = Effect("peak_memory", "shrinks", 0.2, 0.35,
                  basis="amp=bf16 row: total -24%, saved activations -31% (weights, grads and AdamW state stay fp32)")
 
 
-def _half(dtype: str, speedup: str, requires: Capability) -> Candidate:
+def _half(dtype: str, speedup: str, requires: tuple[Capability, ...], *, from_fp32: bool) -> Candidate:
+    """`dtype` from fp32 (matmuls faster, activations half the bytes), or from the other half dtype
+    (only the matmul speed differs: both are two bytes, so memory stays; it pays only where the run's
+    dtype is emulated, e.g. bf16 on a GPU older than compute capability 8.0)."""
+    effects = (Effect("forward", "shrinks", *_MATMUL_SHARE, scales_with=speedup, basis=_MATMUL_BASIS),
+               Effect("backward", "shrinks", *_MATMUL_SHARE, scales_with=speedup, basis=_MATMUL_BASIS))
+    note = "bf16 needs no loss scaling" if dtype == "bf16" else \
+        "fp16 runs with a GradScaler: watch skipped steps while the scale settles"
     return Candidate(
-        set={"switches.amp.dtype": dtype},
-        effects=(Effect("forward", "shrinks", *_MATMUL_SHARE, scales_with=speedup, basis=_MATMUL_BASIS),
-                 Effect("backward", "shrinks", *_MATMUL_SHARE, scales_with=speedup, basis=_MATMUL_BASIS),
-                 _MEMORY),
-        requires=(requires,), risk="numerics", applies=lambda c: c.dtype != dtype,
-        note="bf16 needs no loss scaling" if dtype == "bf16" else
-             "fp16 runs with a GradScaler: watch skipped steps while the scale settles")
+        set={"switches.amp.dtype": dtype}, effects=effects + (_MEMORY,) if from_fp32 else effects,
+        requires=requires, risk="numerics", note=note,
+        applies=(lambda c: c.dtype == "off") if from_fp32 else (lambda c: c.dtype not in ("off", dtype)))
 
 
 _FP32 = Candidate(
@@ -128,6 +131,9 @@ OPTIMIZATION = Optimization(
     source="000 2.2; 004 3.1",
     needs="bf16: a CPU or a CUDA GPU with compute capability >= 8.0; fp16: CUDA (or CPU, slowly)",
     checks=(_check_device,),
-    candidates=(_half("bf16", "bf16_matmul_speedup", Capability.FAST_BF16_MATMUL),
-                _half("fp16", "fp16_matmul_speedup", Capability.FAST_FP16_MATMUL), _FP32),
+    candidates=tuple(_half(dtype, f"{dtype}_matmul_speedup", needs, from_fp32=start)
+                     for start in (True, False)
+                     for dtype, needs in (("bf16", (Capability.FAST_BF16_MATMUL,)),
+                                          ("fp16", (Capability.FAST_FP16_MATMUL, Capability.FP16_OVER_BF16)))
+                     ) + (_FP32,),
 )

@@ -25,8 +25,9 @@ rank hands its all-reduces per token."""
 
 SCALES_WITH = {
     "": "nothing: low..high is the fraction itself",
-    "bf16_matmul_speedup": "the device's measured bf16/fp32 matmul peak ratio s: low..high is the matmul share "
-                           "of the target, and the fraction is that share x (1 - 1/s)",
+    "bf16_matmul_speedup": "the device's measured bf16/fp32 matmul speed ratio over the run's own dtype's (1 for "
+                           "fp32), s: low..high is the matmul share of the target, and the fraction is that share "
+                           "x (1 - 1/s)",
     "fp16_matmul_speedup": "as bf16_matmul_speedup, for fp16",
     "attention_share": "the attention operators' measured share a of the target: low..high is the fraction of "
                        "the attention time removed or added, and the fraction is a x that",

@@ -72,6 +72,8 @@ class Capability(_Described):
                                             ">= 8.0, a CPU with avx512_bf16 or AMX); the profiler decides by "
                                             "measurement")
     FAST_FP16_MATMUL = ("fast_fp16_matmul", "the device has fp16 tensor cores (CUDA capability >= 7.0)")
+    FP16_OVER_BF16 = ("fp16_over_bf16", "fp16 matmuls beat what bf16 gives here (bf16 missing, emulated or "
+                                        "slower): only then is fp16's GradScaler worth carrying")
     CUDA = ("cuda", "the run is on a CUDA device")
     SEVERAL_RANKS = ("several_ranks", "the run has more than one rank (torchrun, --nproc N)")
     SPARE_CORES = ("spare_cores", "free CPU cores beyond the training process's threads, for loader workers")

@@ -47,11 +47,13 @@ def capabilities(run: RunData, figures: Figures) -> dict[Capability, tuple[bool,
     cuda = str((run.record.get("environment") or {}).get("device", "cpu")).startswith("cuda")
     bf16, fp16 = v(figures, "bf16_speedup"), v(figures, "fp16_speedup")
     cores, demand = v(figures, "cores"), v(figures, "thread_demand")
+    fast_bf16 = v(figures, "native_bf16") == 1.0 and bf16 >= LOW_PRECISION_SPEEDUP
     return {
-        Capability.FAST_BF16_MATMUL: (v(figures, "native_bf16") == 1.0 and bf16 >= LOW_PRECISION_SPEEDUP,
-                                      f"bf16 matmul peak {_x(bf16)} fp32, native bf16 "
-                                      f"{_yes(v(figures, 'native_bf16'))}"),
+        Capability.FAST_BF16_MATMUL: (fast_bf16, f"bf16 matmul peak {_x(bf16)} fp32, native bf16 "
+                                                 f"{_yes(v(figures, 'native_bf16'))}"),
         Capability.FAST_FP16_MATMUL: (cuda and fp16 >= LOW_PRECISION_SPEEDUP, f"fp16 matmul peak {_x(fp16)} fp32"),
+        Capability.FP16_OVER_BF16: (not fast_bf16 or fp16 >= LOW_PRECISION_SPEEDUP * bf16,
+                                    f"fp16 matmuls {_x(fp16)} fp32 against bf16's {_x(bf16)}"),
         Capability.CUDA: (cuda, "the run's device"),
         Capability.SEVERAL_RANKS: (run.world_size > 1, f"{run.world_size} rank(s)"),
         Capability.SPARE_CORES: (not (demand >= cores), f"{demand:.0f} threads and workers on {cores:.0f} cores"),
@@ -75,9 +77,13 @@ I/O needs no core of its own)."""
 def _fraction(effect: Effect, figures: Figures) -> tuple[float, float]:
     """The effect's (low, high) fraction of its target, with this run's measured figures."""
     if effect.scales_with in SPEEDUP_FIGURES:
-        speedup = v(figures, SPEEDUP_FIGURES[effect.scales_with])
+        # over the run's own dtype: bf16 -> fp16 on a GPU that runs both alike gains nothing
+        run_dtype = v(figures, "run_dtype_speedup")
+        speedup = v(figures, SPEEDUP_FIGURES[effect.scales_with]) / (1.0 if math.isnan(run_dtype) else run_dtype)
         if math.isnan(speedup):
             return math.nan, math.nan
+        if speedup < LOW_PRECISION_SPEEDUP:
+            return 0.0, 0.0  # within what the run's dtype already gives: not worth a numerics change
         share = v(figures, "matmul_share") / 100  # measured; the catalog's range is the prior
         low, high = (0.8 * share, share) if not math.isnan(share) else (effect.low, effect.high)
         return low * (1 - 1 / speedup), high * (1 - 1 / speedup)

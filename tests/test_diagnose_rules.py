@@ -120,7 +120,8 @@ def test_expected_gain_is_amdahl_over_the_measured_shares() -> None:
 
 
 def test_a_speedup_effect_uses_the_measured_matmul_share_and_peak_ratio() -> None:
-    f = figures(share__forward=40.0, share__backward=60.0, matmul_share=50.0, bf16_speedup=2.0)
+    f = figures(share__forward=40.0, share__backward=60.0, matmul_share=50.0, bf16_speedup=2.0,
+                run_dtype_speedup=1.0)  # from fp32
     bf16 = Candidate(set={"switches.amp.dtype": "bf16"},
                      effects=(Effect("forward", "shrinks", 0.5, 0.85, scales_with="bf16_matmul_speedup"),
                               Effect("backward", "shrinks", 0.5, 0.85, scales_with="bf16_matmul_speedup")))
@@ -140,6 +141,22 @@ def test_back_to_fp32_wins_back_what_the_emulated_dtype_loses_and_nothing_where_
     assert tps["low"] == pytest.approx(100 * (1 / (1 - 0.4 * 0.75) - 1))
     fast = figures(share__forward=40.0, share__backward=60.0, matmul_share=50.0, run_dtype_speedup=1.5)
     assert expected(_FP32, fast)["tokens_per_s"]["high"] == pytest.approx(0.0)
+
+
+def test_a_half_dtype_is_judged_against_the_runs_own_dtype_not_fp32() -> None:
+    from optimizers.amp import OPTIMIZATION
+
+    to_fp16 = next(c for c in OPTIMIZATION.candidates
+                   if c.set == {"switches.amp.dtype": "fp16"} and c.applies(type("C", (), {"dtype": "bf16"})))
+    assert all(e.target != "peak_memory" for e in to_fp16.effects)  # both are two bytes
+    # a GPU running bf16 and fp16 alike (H200: both ~14x fp32 at the run's shapes): nothing to gain
+    alike = figures(share__forward=40.0, share__backward=60.0, matmul_share=50.0, bf16_speedup=14.0,
+                    fp16_speedup=14.5, run_dtype_speedup=14.0)
+    assert expected(to_fp16, alike)["tokens_per_s"]["high"] == pytest.approx(0.0)
+    # bf16 emulated (0.5x fp32) where fp16 runs 8x fp32: fp16 is 16x the run's matmuls
+    emulated = figures(share__forward=40.0, share__backward=60.0, matmul_share=50.0, fp16_speedup=8.0,
+                       run_dtype_speedup=0.5)
+    assert expected(to_fp16, emulated)["tokens_per_s"]["high"] == pytest.approx(100 * (1 / (1 - 0.5 * 15 / 16) - 1))
 
 
 def test_every_bottleneck_kind_has_a_rule() -> None:

@@ -207,6 +207,7 @@ def test_switches_propose_what_they_measured_to_pay_off() -> None:
     assert [c.set["switches.ffn_pruning.mode"] for c in pruning] == ["structured"]  # unstructured: +1% step time
     amp = {c.set["switches.amp.dtype"]: c for c in REGISTRY.get("amp").candidates}
     assert amp["bf16"].requires == (Capability.FAST_BF16_MATMUL,) and amp["bf16"].risk == "numerics"
+    assert Capability.FP16_OVER_BF16 in amp["fp16"].requires  # never fp16's GradScaler where bf16 does as well
     assert {e.scales_with for e in amp["bf16"].effects if e.target in ("forward", "backward")} == \
         {"bf16_matmul_speedup"}
     for opt_name in ("param_sharing", "ffn_pruning"):
