@@ -60,6 +60,14 @@ def run(runs_dir: Path, preset: str, overrides: list[str], nproc: int = 1, hooks
           f"(peak {s.get('peak_flops', math.nan) / 1e12:.0f} TFLOP/s, {s.get('peak_flops_source')})  "
           f"peak memory {(s.get('peak_memory_bytes') or 0) / 2**30:.2f} GiB")
     print(f"  phase share {json.dumps({k: round(v, 3) for k, v in s.get('phase_share', {}).items()})}")
+    for part in [record, *(record.get("ranks") or [])]:
+        if part.get("traceback"):
+            print(part["traceback"])
+    diagnosis = record.get("diagnosis") or {}
+    for b in (diagnosis.get("bottlenecks") or [])[:2]:
+        print(f"  bottleneck {b['kind']} (severity {b['severity']:.2f})")
+    for r in (diagnosis.get("recommendations") or [])[:2]:
+        print(f"  recommend {r['set']} expected {r['expected']}")
     check(record["status"] == "completed", "run completed")
     return run_dir
 

@@ -14,4 +14,11 @@ mkdir -p "$out"
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: nothing to check')"
 "$PY" scripts/gpu_check_nvml.py --out "$out"
 cp "$out"/recorded_*.json tests/data/nvml_replay/ 2>/dev/null || true
-"$PY" scripts/gpu_check.py --runs-dir "$out/runs"
+status=0
+"$PY" scripts/gpu_check.py --runs-dir "$out/runs" || status=$?
+# The advice proven on a GPU-shaped preset: tune from its plain fp32 config (no autocast, no
+# compile) and say what it adopted; the budget keeps the whole script inside 10 minutes.
+glmperf() { "$PY" -c 'import sys; from profiler.cli import main; sys.exit(main())' "$@"; }
+glmperf tune --preset glm-350m --set switches.amp=off --steps 20 --repeats 2 \
+    --time-budget-min "${TUNE_MINUTES:-3}" --runs-dir "$out/runs" --output "$out/tuned.yaml" --no-progress
+exit "$status"
