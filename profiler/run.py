@@ -40,6 +40,7 @@ from profiler.instruments.comm import CommStats
 from profiler.instruments.compile_watch import CompileWatch
 from profiler.progress import Progress
 from profiler.recommend import advise
+from profiler.traces.importer import trace_summary
 from reference_model.trainer import Trainer, TrainerHook, dist_env, resolve_device, setup_context
 
 
@@ -221,9 +222,12 @@ def finalize(run_dir: Path, *, launcher_error: str | None = None) -> dict[str, A
         run_dir, status=status, error=error, ended=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         ranks=list(statuses.values()), sampling=rank0.get("sampling"), **fields)
     run = load_run(run_dir)
-    store.update_run(run_dir, summary=summarize(run))
+    summary = summarize(run)
+    store.update_run(run_dir, summary=summary)
     try:  # advice is a reading of what was measured: it must never cost the run its record
         store.update_run(run_dir, shape_speedup=shape_speedup(run))
+        if run_device(run.record).type == "cuda":  # the GPU's idle, overlap and launch figures, as import reads them
+            store.update_run(run_dir, summary={**summary, "trace": trace_summary(run_dir)})
         diagnosis = advise(load_run(run_dir))
     except Exception as exc:
         diagnosis = {"error": f"{type(exc).__name__}: {exc}"}

@@ -89,6 +89,9 @@ def check_single(run_dir: Path) -> None:
     check(record["sampling"]["source"] == "nvml", f"NVML sampler used ({record['sampling']['why']})")
     samples = store.read_table(run_dir, "samples")
     check(bool((samples["gpu_util_pct"] > 0).any()), "NVML saw the GPU busy")
+    gpu = ((record["summary"].get("trace") or {}).get("ranks") or {}).get("0") or {}
+    print(f"  own trace as import reads it: {json.dumps({k: gpu.get(k) for k in ('temporal', 'idle')})}")
+    check(0 < (gpu.get("temporal") or {}).get("idle_share", -1) < 1, "the run's own trace analysed: GPU idle share")
 
 
 def main() -> int:
