@@ -258,16 +258,17 @@ def measured_peaks(device: torch.device, amp: str) -> dict[str, Any]:
 
 
 def create_run_dir(cfg: RunConfig, *, runs_dir: Path | None, nproc: int, launcher: bool = True,
-                   links: dict[str, Any] | None = None) -> Path:
+                   links: dict[str, Any] | None = None, device: torch.device | None = None) -> Path:
     """The run directory with run.json (`running`, the resolved config, this machine's environment).
 
     With `launcher`, the peak MFU divides by is measured now, before any rank starts, so even a
     run killed midway has its MFU. `launcher=False` when ranks are started elsewhere (`glmperf
     init-run`): no process of ours watches the run, so liveness is judged by the ranks' heartbeats
     alone, and the peak is measured at finalize. `links` are run.json fields that tie the run to
-    what it was made for (`verifies`, `sweep`, `tune`).
+    what it was made for (`verifies`, `sweep`, `tune`). `device`: the run's, when the caller has
+    resolved it already.
     """
-    device = resolve_device(cfg.train.device)
+    device = device if device is not None else resolve_device(cfg.train.device)
     record: dict[str, Any] = {"config": cfg.to_dict(), "world_size": nproc,
                               "environment": environment(device, world_size=nproc), **(links or {})}
     if launcher:
@@ -287,11 +288,12 @@ def profile_run(cfg: RunConfig, *, runs_dir: Path | None = None, nproc: int = 1,
     """
     if hooks and nproc > 1:
         raise ValueError("extra hooks run in-process; with nproc > 1 the ranks are separate processes")
-    run_dir = create_run_dir(cfg, runs_dir=runs_dir, nproc=nproc, links=links)
+    device = resolve_device(cfg.train.device)
+    run_dir = create_run_dir(cfg, runs_dir=runs_dir, nproc=nproc, links=links, device=device)
     launcher_error = None
     try:
         if nproc == 1:
-            run_rank(run_dir, cfg, device=resolve_device(cfg.train.device), progress=progress, extra_hooks=hooks)
+            run_rank(run_dir, cfg, device=device, progress=progress, extra_hooks=hooks)
         else:
             launcher_error = _launch_ranks(run_dir, nproc, progress=progress)
     except KeyboardInterrupt:
