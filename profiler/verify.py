@@ -179,13 +179,16 @@ def judge(trial: Trial, base: Sequence[RunData], cand: Sequence[RunData], *, bud
     out: dict[str, Any] = {"switch": rec.get("switch"), "set": dict(rec.get("set") or {}),
                            "judged_by": rec.get("judged_by"), "expected": rec.get("expected"),
                            "risk": rec.get("risk"), "runs": [r.id for r in cand]}
+    stopped = any(r.status == "interrupted" for r in cand)
+    cand = [r for r in cand if r.status != "interrupted"]  # a Ctrl-C says nothing of the change
     failed = [r for r in cand if r.status != "completed"]
     done_base = [r for r in base if r.status == "completed"]
     if failed:
         err = failed[0].record.get("error") or failed[0].status
         return {**out, "verdict": "refuted", "reason": f"the changed run did not complete: {err}"}
     if not cand or not done_base:
-        return {**out, "verdict": "inconclusive", "reason": "not run (the plan was stopped before it)"}
+        why = "interrupted before a changed run completed" if stopped else "not run (the plan was stopped before it)"
+        return {**out, "verdict": "inconclusive", "reason": why}
     if rec.get("judged_by") == "stability":
         verdict, reason, measured = _judge_stability(done_base, cand)
     else:

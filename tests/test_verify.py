@@ -12,7 +12,7 @@ from profiler.analysis import load_run
 from profiler.cells import Cell, run_cells
 from profiler.config import load_config
 from profiler.recommend import advise
-from profiler.verify import COMBINED, MIN_GAIN, judge_plan, runs_of, verify_plan
+from profiler.verify import COMBINED, MIN_GAIN, Trial, judge, judge_plan, runs_of, verify_plan
 from tests.conftest import TINY, glmperf, tiny_run
 
 
@@ -136,3 +136,14 @@ def test_verify_refuses_too_few_steps_before_running(completed_run, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("glmperf: error: --steps: got 3; allowed: at least")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_changed_run_stopped_by_ctrl_c_is_no_verdict_on_the_change_but_a_crash_is(
+        completed_run, interrupted_run, failed_run):
+    rec = {"switch": "dataloader", "set": {"switches.dataloader.num_workers": 2}, "judged_by": "tokens_per_s"}
+    trial = Trial("dataloader", rec, load_config(preset="tiny"))
+    base = [load_run(completed_run)]
+    stopped = judge(trial, base, [load_run(interrupted_run)])
+    assert (stopped["verdict"], stopped["reason"]) == ("inconclusive", "interrupted before a changed run completed")
+    crashed = judge(trial, base, [load_run(failed_run)])
+    assert crashed["verdict"] == "refuted" and "induced failure at step 5" in crashed["reason"]
