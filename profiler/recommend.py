@@ -231,6 +231,15 @@ def _exclusion(opt: Optimization, candidate: Candidate, cfg: Any, run: RunData,
     return None
 
 
+def explore(run: RunData, *, allow_model_changes: bool = False) -> dict[str, Any]:
+    """What could still speed up a run with no bottleneck: the changes that make its compute
+    faster, ranked by expected gain as if the step were compute bound (for `glmperf tune`, which
+    verifies each before adopting it)."""
+    figures = analyze(run)
+    assumed = {"bottlenecks": [{"kind": str(Bottleneck.COMPUTE_BOUND), "severity": 1.0}]}
+    return recommend(run, figures, assumed, allow_model_changes=allow_model_changes)
+
+
 def advise(run: RunData, *, allow_model_changes: bool = False, top: int | None = None) -> dict[str, Any]:
     """The run's diagnosis and recommendations, with the figures they rest on (run.json `diagnosis`)."""
     figures = analyze(run)

@@ -1,8 +1,9 @@
 """`glmperf tune`: from a plain config to the fastest one the advice can prove, within a memory budget.
 
 Each round diagnoses the newest run of the current config, takes the best recommendation not tried
-yet, and verifies it against a fresh run of the current config (profiler.verify: interleaved
-repeats, compare's statistics). It is adopted when confirmed and its runs' peak memory fits the
+yet (when the run has no bottleneck: the best change that makes compute faster, as `explore`
+ranks them), and verifies it against a fresh run of the current config (profiler.verify:
+interleaved repeats, compare's statistics). It is adopted when confirmed and its runs' peak memory fits the
 budget; otherwise the round records why it was refused and the next recommendation is tried. Tuning
 stops when nothing untried is recommended, the next round would overrun the time budget, or after
 `max_rounds`. A change that alters the model is never tried unless allowed.
@@ -26,7 +27,7 @@ from profiler import store
 from profiler.analysis import RunData, load_run, summary_of
 from profiler.cells import Cell, run_cells
 from profiler.config import RunConfig, settings_text
-from profiler.recommend import advise
+from profiler.recommend import advise, explore
 from profiler.verify import judge_plan, runs_of, verify_plan
 
 CONFIRMED = "confirmed"
@@ -120,6 +121,11 @@ class Tuner:
         for round_no in range(1, spec.max_rounds + 1):
             advice = advise(newest, allow_model_changes=spec.allow_model_changes)
             todo = [r for r in advice["recommendations"] if _key(r["set"]) not in tried]
+            diagnosis = advice["verdict"]
+            if not todo and not advice["bottlenecks"]:  # nothing holds it back: try what speeds compute
+                todo = [r for r in explore(newest, allow_model_changes=spec.allow_model_changes)["recommendations"]
+                        if _key(r["set"]) not in tried]
+                diagnosis += "; trying what makes compute faster"
             if not todo:
                 stopped = f"nothing left to try: {advice['verdict']}"
                 break
@@ -135,7 +141,7 @@ class Tuner:
             runs = runs_of(plan, self._cells(cells))
             result = judge_plan(plan, runs, budget_gib=spec.budget_gib)["results"][0]
             take, why = _decide(result, runs.get(plan.trials[-1].label, []), spec.budget_gib)
-            entry = {"round": round_no, "diagnosed_run": newest.id, "diagnosis": advice["verdict"],
+            entry = {"round": round_no, "diagnosed_run": newest.id, "diagnosis": diagnosis,
                      "bottlenecks": [b["kind"] for b in advice["bottlenecks"]], "tried": rec["set"],
                      "for": rec["for"], "expected": rec["expected"], "result": result,
                      "decision": "adopted" if take else "refused", "why": why}

@@ -12,7 +12,7 @@ import pytest
 
 from profiler import store
 from profiler.analysis import load_run
-from profiler.recommend import advise
+from profiler.recommend import advise, explore
 from tests.conftest import TINY, cli, copy_run, glmperf
 
 
@@ -75,3 +75,10 @@ def test_what_the_run_already_does_or_cannot_use_is_never_recommended(completed_
     again = advise(load_run(run_dir))
     assert all("switches.dataloader.num_workers" not in r["set"] for r in again["recommendations"])
     assert all("switches.dataloader.num_workers" not in e["set"] for e in again["excluded"])
+
+
+def test_exploring_a_run_ranks_what_makes_compute_faster_whatever_held_it_back(completed_run: Path) -> None:
+    recs = explore(load_run(completed_run))["recommendations"]
+    assert recs and all(r["for"] == "compute_bound" for r in recs)
+    assert {"switches.compile.mode": "default"} in [r["set"] for r in recs]
+    assert {"switches.dataloader.num_workers": 2} not in [r["set"] for r in recs]  # input, not compute
