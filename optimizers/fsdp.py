@@ -15,19 +15,27 @@ gathers bf16 parameters (half the bytes) and reduces gradients in fp32, as torch
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from optimizers.base import SetupContext, Stage, TrainSetup, blocks
 from optimizers.parallel import ParallelConfig, layout
 
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
 
 def mixed_precision(autocast_dtype: torch.dtype | None) -> MixedPrecisionPolicy:
     """Parameters gathered in the autocast dtype, gradients reduced in fp32 (None: fp32 throughout)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy  # imported when a run shards, not at every start
+
     return MixedPrecisionPolicy(param_dtype=autocast_dtype, reduce_dtype=torch.float32)
 
 
 def apply_fsdp(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> None:
+    from torch.distributed.fsdp import fully_shard
+
     lay = layout(cfg, ctx.world_size)
     mesh = setup.mesh["dp", "fsdp"] if lay.dp > 1 else setup.mesh["fsdp"]
     policy = mixed_precision(setup.autocast_dtype)

@@ -17,13 +17,6 @@ compile (torchtitan's order).
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import Replicate
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-    parallelize_module,
-)
 
 from optimizers.base import SetupContext, Stage, TrainSetup, blocks
 from optimizers.parallel import ParallelConfig
@@ -57,6 +50,15 @@ def interleave_gate_up(weight: torch.Tensor, tp: int) -> torch.Tensor:
 
 
 def apply_tensor_parallel(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> None:
+    # imported when a run splits tensors: DTensor's modules cost about a second of every start
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
     mesh = setup.mesh["tp"]
     # the block input, one replicated DTensor for all the colwise matmuls that read it: its
     # gradient is then all-reduced once per module in backward, not once per matmul

@@ -33,7 +33,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed.tensor import DTensor
 
 from optimizers import ConfigError
 from optimizers.parallel import LAYOUT_CHECKS, Layout, ParallelConfig, layout
@@ -65,6 +64,8 @@ _DTYPE_BYTES = {"off": 4, "bf16": 2, "fp16": 2}
 
 def _storage(t: torch.Tensor) -> torch.UntypedStorage:
     """The storage holding `t`'s bytes on this rank (a DTensor's local shard, not its wrapper)."""
+    from torch.distributed.tensor import DTensor  # only where a plan traces split layouts
+
     return (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from optimizers import SetupContext, SwitchesConfig, TrainSetup, apply_all
 from optimizers.base import ModelShape
@@ -153,6 +153,13 @@ def shape_of(cfg: GLMConfig) -> ModelShape:
                       intermediate_size=cfg.intermediate_size)
 
 
+def _is_dtensor(t: torch.Tensor) -> bool:
+    """A DTensor (sharded or split over ranks): none exists unless its module was imported, so a
+    plain run never pays for importing it (about a second of every start)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
 def total_grad_norm(params: Sequence[torch.Tensor], *, group: Any = None) -> torch.Tensor:
     """The global L2 norm of the gradients, also when some are DTensors (sharded or split over ranks)
     and when `group`'s ranks (pipeline stages) each hold the gradients of their own parameters.
@@ -171,8 +178,8 @@ def total_grad_norm(params: Sequence[torch.Tensor], *, group: Any = None) -> tor
 
 def _local_grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
     grads = [p.grad for p in params if p.grad is not None]
-    plain = [g for g in grads if not isinstance(g, DTensor)]
-    split = [g for g in grads if isinstance(g, DTensor)]
+    plain = [g for g in grads if not _is_dtensor(g)]
+    split = [g for g in grads if _is_dtensor(g)]
     if not split:
         return torch.nn.utils.get_total_norm(plain)
     meshes = {id(g.device_mesh) for g in split}
@@ -188,11 +195,11 @@ def clip_grads(params: Sequence[torch.Tensor], max_norm: float, total_norm: torc
     """Scale the gradients so their global norm is at most `max_norm` (torch's clip_grads_with_norm_),
     a DTensor's by its local part: the same factor on every rank."""
     grads = [p.grad for p in params if p.grad is not None]
-    if not any(isinstance(g, DTensor) for g in grads):
+    if not any(_is_dtensor(g) for g in grads):
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)
         return
     coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
-    torch._foreach_mul_([g.to_local() if isinstance(g, DTensor) else g for g in grads], coef)
+    torch._foreach_mul_([g.to_local() if _is_dtensor(g) else g for g in grads], coef)
 
 
 class Trainer:
@@ -257,7 +264,7 @@ class Trainer:
         """Bytes of parameters, gradients and optimizer state this rank holds (its shards only under a
         sharded layout); the optimizer's state exists after the first step."""
         def local(t: torch.Tensor) -> int:
-            t = t.to_local() if isinstance(t, DTensor) else t
+            t = t.to_local() if _is_dtensor(t) else t
             return t.numel() * t.element_size()
 
         params = list({id(p): p for p in self.setup.raw_model.parameters()}.values())
