@@ -236,3 +236,12 @@ def test_a_verification_runs_in_the_background_and_lands(completed_run: Path, tm
     assert "Verification finished" in texts(at, "markdown") and "verification of run" in job.tail()
     assert "Verified by rerunning: 1 repeat(s) of 11 steps" in texts(at, "caption")
     assert "2 run(s) made so far" in texts(at, "markdown")  # the fresh baseline and the change
+
+
+def test_recommend_and_compare_pages_state_every_kind_of_run_clearly(
+        runs: Path, completed_run: Path, failed_run: Path, live_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for ref in (record(failed_run)["id"], record(live_run)["id"], BAD_JSON, NO_PARQUET, "nope"):
+        at = page(runs, monkeypatch, "recommend", run=ref)  # raises nothing (page() checks)
+        assert texts(at, "error", "warning", "info", "caption"), ref
+    running = page(runs, monkeypatch, "compare", base=record(completed_run)["id"], cand=record(live_run)["id"])
+    assert "not completed" in texts(running, "error")
