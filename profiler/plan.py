@@ -39,6 +39,7 @@ from optimizers.parallel import LAYOUT_CHECKS, Layout, ParallelConfig, layout
 from optimizers.tensor_parallel import ALL_REDUCES_PER_BLOCK, sharded_dim
 from profiler.config import RunConfig, build_run_config
 from reference_model.config import model_config
+from reference_model.grads import local_part
 from reference_model.model import GLMForCausalLM
 from reference_model.trainer import setup_context
 
@@ -64,9 +65,7 @@ _DTYPE_BYTES = {"off": 4, "bf16": 2, "fp16": 2}
 
 def _storage(t: torch.Tensor) -> torch.UntypedStorage:
     """The storage holding `t`'s bytes on this rank (a DTensor's local shard, not its wrapper)."""
-    from torch.distributed.tensor import DTensor  # only where a plan traces split layouts
-
-    return (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
+    return local_part(t).untyped_storage()
 
 
 def saved_bytes(model: nn.Module, input_ids: torch.Tensor, autocast_dtype: torch.dtype | None) -> int:

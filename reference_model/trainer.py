@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -28,6 +27,7 @@ from optimizers.base import ModelShape
 from reference_model.checkpoint import load_latest, save_checkpoint
 from reference_model.config import DataConfig, GLMConfig, TrainConfig
 from reference_model.data import build_loader
+from reference_model.grads import clip_grads, local_part, total_grad_norm
 from reference_model.lazy import LazyScalars
 from reference_model.model import IGNORE_INDEX, GLMForCausalLM
 
@@ -153,55 +153,6 @@ def shape_of(cfg: GLMConfig) -> ModelShape:
                       intermediate_size=cfg.intermediate_size)
 
 
-def _is_dtensor(t: torch.Tensor) -> bool:
-    """A DTensor (sharded or split over ranks): none exists unless its module was imported, so a
-    plain run never pays for importing it (about a second of every start)."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(t, module.DTensor)
-
-
-def total_grad_norm(params: Sequence[torch.Tensor], *, group: Any = None) -> torch.Tensor:
-    """The global L2 norm of the gradients, also when some are DTensors (sharded or split over ranks)
-    and when `group`'s ranks (pipeline stages) each hold the gradients of their own parameters.
-
-    torch's own norm takes all plain tensors or all DTensors of one mesh; a tensor-parallel model
-    mixes split block weights with whole norms and embeddings, so each kind is normed on its own
-    and DTensor norms are completed across their ranks.
-    """
-    norm = _local_grad_norm(params)
-    if group is None:
-        return norm
-    squared = norm.float() ** 2
-    torch.distributed.all_reduce(squared, group=group)
-    return squared.sqrt()
-
-
-def _local_grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    grads = [p.grad for p in params if p.grad is not None]
-    plain = [g for g in grads if not _is_dtensor(g)]
-    split = [g for g in grads if _is_dtensor(g)]
-    if not split:
-        return torch.nn.utils.get_total_norm(plain)
-    meshes = {id(g.device_mesh) for g in split}
-    if not plain and len(meshes) == 1:
-        return torch.nn.utils.get_total_norm(split).full_tensor()
-    parts = [torch.linalg.vector_norm(g).full_tensor() for g in split]
-    if plain:
-        parts.append(torch.nn.utils.get_total_norm(plain))
-    return torch.linalg.vector_norm(torch.stack(parts))
-
-
-def clip_grads(params: Sequence[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
-    """Scale the gradients so their global norm is at most `max_norm` (torch's clip_grads_with_norm_),
-    a DTensor's by its local part: the same factor on every rank."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not any(_is_dtensor(g) for g in grads):
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)
-        return
-    coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
-    torch._foreach_mul_([g.to_local() if _is_dtensor(g) else g for g in grads], coef)
-
-
 class Trainer:
     """Builds model, setup and loader from config, then `fit()` runs the loop.
 
@@ -264,7 +215,7 @@ class Trainer:
         """Bytes of parameters, gradients and optimizer state this rank holds (its shards only under a
         sharded layout); the optimizer's state exists after the first step."""
         def local(t: torch.Tensor) -> int:
-            t = t.to_local() if _is_dtensor(t) else t
+            t = local_part(t)
             return t.numel() * t.element_size()
 
         params = list({id(p): p for p in self.setup.raw_model.parameters()}.values())
