@@ -12,7 +12,6 @@ rank idles (p-1)/(m+p-1) of the step, the bubble, which more micro-batches shrin
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +22,6 @@ from torch import Tensor, nn
 
 from optimizers.base import SetupContext, Stage, TrainSetup
 from optimizers.parallel import ParallelConfig
-
-SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
-"""torch.distributed.pipelining's class of each schedule (imported when a pipeline is built: it
-loads torch._dynamo, about a second of every start otherwise)."""
 
 
 class StageModule(nn.Module):
@@ -78,10 +73,12 @@ def apply_pipeline(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) ->
     model = setup.raw_model
     model.keep_stage(stage * per_stage, (stage + 1) * per_stage)
     group = mesh.get_group()
-    pipelining = importlib.import_module("torch.distributed.pipelining")
-    pipe = pipelining.PipelineStage(StageModule(model), stage, cfg.pp, ctx.device, group=group)
-    schedule = getattr(pipelining, SCHEDULE_CLASSES[cfg.schedule])(pipe, n_microbatches=cfg.pipeline_microbatches,
-                                                                   loss_fn=_loss)
+    # imported when a pipeline is built: it loads torch._dynamo, about a second of every start otherwise
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    pipe = PipelineStage(StageModule(model), stage, cfg.pp, ctx.device, group=group)
+    schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.schedule]
+    schedule = schedule_class(pipe, n_microbatches=cfg.pipeline_microbatches, loss_fn=_loss)
     last_rank = dist.get_global_rank(group, cfg.pp - 1)
     setup.pipeline = PipelineRunner(schedule=schedule, first=stage == 0, last=stage == cfg.pp - 1, group=group,
                                     last_rank=last_rank, device=ctx.device)
