@@ -231,19 +231,30 @@ def _exclusion(opt: Optimization, candidate: Candidate, cfg: Any, run: RunData,
     return None
 
 
-def explore(run: RunData, *, allow_model_changes: bool = False) -> dict[str, Any]:
-    """What could still speed up a run with no bottleneck: the changes that make its compute
+COMPUTE_ASSUMED = {"bottlenecks": [{"kind": str(Bottleneck.COMPUTE_BOUND), "severity": 1.0}]}
+"""The diagnosis `explore` ranks changes against: the step taken as compute bound."""
+
+
+def explore(run: RunData, figures: Figures | None = None, *, allow_model_changes: bool = False,
+            top: int | None = None) -> dict[str, Any]:
+    """What could still speed up a run, whatever its diagnosis: the changes that make its compute
     faster, ranked by expected gain as if the step were compute bound (for `glmperf tune`, which
     verifies each before adopting it)."""
-    figures = analyze(run)
-    assumed = {"bottlenecks": [{"kind": str(Bottleneck.COMPUTE_BOUND), "severity": 1.0}]}
-    return recommend(run, figures, assumed, allow_model_changes=allow_model_changes)
+    figures = analyze(run) if figures is None else figures
+    return recommend(run, figures, COMPUTE_ASSUMED, allow_model_changes=allow_model_changes, top=top)
 
 
-def advise(run: RunData, *, allow_model_changes: bool = False, top: int | None = None) -> dict[str, Any]:
-    """The run's diagnosis and recommendations, with the figures they rest on (run.json `diagnosis`)."""
+def advise(run: RunData, *, allow_model_changes: bool = False, top: int | None = None,
+           explore_when_clear: bool = False) -> dict[str, Any]:
+    """The run's diagnosis and recommendations, with the figures they rest on (run.json `diagnosis`).
+
+    `explore_when_clear`: a run with no bottleneck gets `explore`'s changes instead of none
+    (`explored` says so)."""
     figures = analyze(run)
     diagnosis = diagnose(figures)
-    advice = recommend(run, figures, diagnosis, allow_model_changes=allow_model_changes, top=top)
+    if explore_when_clear and not diagnosis["bottlenecks"]:
+        advice = {**explore(run, figures, allow_model_changes=allow_model_changes, top=top), "explored": True}
+    else:
+        advice = recommend(run, figures, diagnosis, allow_model_changes=allow_model_changes, top=top)
     return {**diagnosis, **advice, "allow_model_changes": allow_model_changes,
             "figures": {name: f.as_dict() for name, f in figures.items()}}

@@ -27,7 +27,7 @@ from profiler import store
 from profiler.analysis import RunData, load_run, summary_of
 from profiler.cells import Cell, run_cells
 from profiler.config import RunConfig, settings_text
-from profiler.recommend import advise, explore
+from profiler.recommend import advise
 from profiler.verify import judge_plan, runs_of, verify_plan
 
 CONFIRMED = "confirmed"
@@ -119,13 +119,10 @@ class Tuner:
         adopted: list[dict[str, Any]] = []
         stopped = f"{spec.max_rounds} rounds done"
         for round_no in range(1, spec.max_rounds + 1):
-            advice = advise(newest, allow_model_changes=spec.allow_model_changes)
+            # nothing holding the run back: try what makes compute faster
+            advice = advise(newest, allow_model_changes=spec.allow_model_changes, explore_when_clear=True)
             todo = [r for r in advice["recommendations"] if _key(r["set"]) not in tried]
-            diagnosis = advice["verdict"]
-            if not todo and not advice["bottlenecks"]:  # nothing holds it back: try what speeds compute
-                todo = [r for r in explore(newest, allow_model_changes=spec.allow_model_changes)["recommendations"]
-                        if _key(r["set"]) not in tried]
-                diagnosis += "; trying what makes compute faster"
+            diagnosis = advice["verdict"] + ("; trying what makes compute faster" if advice.get("explored") else "")
             if not todo:
                 stopped = f"nothing left to try: {advice['verdict']}"
                 break
