@@ -71,6 +71,8 @@ MEMORY_USE = 90.0  # % of capacity: TensorBoard plugin rule R7 (peak > 0.9 x dev
 COMM_SHARE = 10.0  # % of the step: TensorBoard plugin rule R4 (communication / step > 0.1)
 OPTIMIZER_SHARE = 25.0  # % of the step (ours)
 ATTENTION_SHARE = 30.0  # % of the step: attention's share of operator time x forward + backward (ours)
+ATTENTION_FLOPS = 25.0  # % of the model's FLOPs in QK^T and AV: a long sequence, T >= ~2x the width (ours)
+FUSED = 50.0  # % of attention time in SDPA kernels, below which attention runs unfused (ours)
 LOW_PRECISION_SPEEDUP = 1.3  # x: measured bf16/fp32 matmul peak ratio worth switching for (ours)
 MATMUL_SHARE = 20.0  # % of operator time in matmuls, below which precision hardly matters (ours)
 EMULATED_SPEEDUP = 0.8  # x: the run's dtype peak over fp32 below which it is emulated (ours)
@@ -100,6 +102,26 @@ def _bf16_applies(f: Figures) -> str | None:
 
 def _attention(f: Figures) -> float:
     return v(f, "attention_share") / 100 * compute_share(f)
+
+
+def _attention_bound(f: Figures) -> float:
+    """Attention's share of the step, when it is large and the sequence's doing (its FLOP share is
+    large, or not known) or its kernels' (unfused): a short-sequence run whose fast matmuls leave fused
+    attention a large share of a small step has nothing long to shorten."""
+    if 100 * _attention(f) < ATTENTION_SHARE:
+        return 0.0
+    long_sequence = not known(f, "attention_flop_share") or v(f, "attention_flop_share") >= ATTENTION_FLOPS
+    return _attention(f) if long_sequence or v(f, "attention_fused_share") < FUSED else 0.0
+
+
+def _attention_message(f: Figures) -> str:
+    why = []
+    if known(f, "attention_flop_share"):
+        why.append(f"its QK^T and AV matmuls are {v(f, 'attention_flop_share'):.0f}% of the model's FLOPs")
+    if v(f, "attention_fused_share") < FUSED:
+        why.append(f"{100 - v(f, 'attention_fused_share'):.0f}% of it runs unfused (no SDPA kernel)")
+    return (f"attention is {v(f, 'attention_share'):.0f}% of operator time, about {100 * _attention(f):.0f}% of the "
+            "step" + (": " + "; ".join(why) if why else ""))
 
 
 def _host_bound(f: Figures) -> float:
@@ -167,10 +189,10 @@ RULES: tuple[Rule, ...] = (
          lambda f: v(f, "share.optimizer") / 100 if v(f, "share.optimizer") > OPTIMIZER_SHARE else 0.0,
          lambda f: f"the optimizer step takes {v(f, 'share.optimizer'):.1f}% of the step"),
     Rule(Bottleneck.ATTENTION_BOUND, f"attention operators >= {ATTENTION_SHARE:g}% of the step (their share of "
-         "operator time x forward + backward)", ("attention_share", "share.forward", "share.backward"),
-         lambda f: _attention(f) if 100 * _attention(f) >= ATTENTION_SHARE else 0.0,
-         lambda f: f"attention is {v(f, 'attention_share'):.0f}% of operator time, about {100 * _attention(f):.0f}% "
-                   "of the step"),
+         f"operator time x forward + backward), with its matmuls >= {ATTENTION_FLOPS:g}% of the model's FLOPs "
+         f"(where known) or < {FUSED:g}% of its time in fused SDPA kernels",
+         ("attention_share", "share.forward", "share.backward"), _attention_bound, _attention_message,
+         also=("attention_flop_share", "attention_fused_share")),
     Rule(Bottleneck.LOW_PRECISION_UNUSED, f"fp32 matmuls on a device whose bf16 matmul peak is >= "
          f"{LOW_PRECISION_SPEEDUP:g}x its fp32 one, with matmuls >= {MATMUL_SHARE:g}% of operator time",
          ("bf16_speedup", "matmul_share", "run_dtype_speedup", "native_bf16", "share.forward", "share.backward"),

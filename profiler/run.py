@@ -162,7 +162,8 @@ def run_rank(run_dir: Path, cfg: RunConfig, *, device: torch.device, rank: int =
             record.hooks.extend(extra_hooks)
             trainer = Trainer(model_cfg=cfg.model, data_cfg=cfg.data, train_cfg=cfg.train,
                               switches=cfg.switches, hooks=record.hooks, run_dir=run_dir, ctx=ctx)
-            record.update(flops_per_token=trainer.flops_per_token, applied=trainer.setup.applied,
+            record.update(flops_per_token=trainer.flops_per_token,
+                          attention_flops_per_token=trainer.attention_flops_per_token, applied=trainer.setup.applied,
                           notes=trainer.setup.notes, num_params=trainer.model.num_params(),
                           start_step=trainer.start_step, torch_threads=torch.get_num_threads(),
                           loader_workers=int(trainer.setup.loader_options.get("num_workers", 0)))
@@ -214,7 +215,8 @@ def finalize(run_dir: Path, *, launcher_error: str | None = None) -> dict[str, A
         cfg = build_run_config(record["config"])
         fields.update(measured_peaks(resolve_device(cfg.train.device), cfg.switches.amp.dtype))
     if record.get("source", "profile-run") == "profile-run":
-        fields.update(model={"num_params": rank0.get("num_params"), "flops_per_token": rank0.get("flops_per_token")},
+        fields.update(model={key: rank0.get(key) for key in ("num_params", "flops_per_token",
+                                                             "attention_flops_per_token")},
                       switches_applied=rank0.get("applied", []), setup_notes=rank0.get("notes", []))
     else:  # a user's own model (profiler.api): what its rank recorded, and no switches to speak of
         fields["model"] = rank0.get("model") or record.get("model")

@@ -276,5 +276,9 @@ class GLMForCausalLM(nn.Module):
         n = sum(sum(p.numel() for p in block.parameters()) for block in self.blocks)
         for head in (self.model.norm, self.lm_head):  # absent on a pipeline stage but the last
             n += sum(p.numel() for p in head.parameters()) if head is not None else 0
-        L, H, Q = len(self.blocks), self.config.num_attention_heads, self.config.head_dim
-        return 6.0 * n + 12.0 * L * H * Q * seq_len
+        return 6.0 * n + self.attention_flops_per_token(seq_len)
+
+    def attention_flops_per_token(self, seq_len: int) -> float:
+        """The 12*L*H*Q*T term of `flops_per_token`: the softmax attention's QK^T and AV matmuls,
+        the part that grows with the sequence (the diagnosis calls attention long-sequence bound by it)."""
+        return 12.0 * len(self.blocks) * self.config.num_attention_heads * self.config.head_dim * seq_len

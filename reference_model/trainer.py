@@ -188,6 +188,7 @@ class Trainer:
             accumulation_steps=self.setup.accumulation_steps, rank=replica,
             world_size=replicas, loader_options=self.setup.loader_options)
         self.flops_per_token = self.setup.raw_model.flops_per_token(data_cfg.seq_len)
+        self.attention_flops_per_token = self.setup.raw_model.attention_flops_per_token(data_cfg.seq_len)
 
     # -- hooks ------------------------------------------------------------------------------
     def _call(self, name: str, *args: Any) -> None:

@@ -18,6 +18,7 @@ HEALTHY = {
     "share.comm": 0.0, "share.checkpoint": 0.0, "share.other": 1.0, "data_wait": 1.0, "data_wait_ms": 0.2,
     "mfu": 40.0, "steps_counted": 20.0, "memory_use": 10.0, "peak_memory": 1.0, "memory_capacity": 10.0,
     "op_calls_per_step": 2000.0, "tiny_op_share": 10.0, "matmul_share": 60.0, "attention_share": 10.0,
+    "attention_flop_share": 10.0, "attention_fused_share": 100.0,
     "native_bf16": 1.0, "bf16_speedup": 2.0, "run_dtype_speedup": 2.0, "cores": 8.0, "thread_demand": 4.0,
     "other_cpu_busy": 0.0, "non_finite": 0.0, "skipped_steps": 0.0, "loss_spikes": 0.0, "loss_change": -20.0,
     "grad_norm_outliers": 0.0, "recompiles": 0.0,
@@ -47,8 +48,8 @@ CASES = [
     ("host_bound", {"tiny_op_share": d.TINY_OPS - EPS}, {"tiny_op_share": d.TINY_OPS}),
     ("comm_bound", {"comm_exposed": d.COMM_SHARE}, {"comm_exposed": d.COMM_SHARE + EPS}),
     ("optimizer_bound", {"share__optimizer": d.OPTIMIZER_SHARE}, {"share__optimizer": d.OPTIMIZER_SHARE + EPS}),
-    ("attention_bound", {"attention_share": d.ATTENTION_SHARE / 0.9 - EPS},
-     {"attention_share": d.ATTENTION_SHARE / 0.9 + EPS}),  # forward + backward are 90% of the step
+    ("attention_bound", {"attention_share": d.ATTENTION_SHARE / 0.9 - EPS, "attention_flop_share": d.ATTENTION_FLOPS},
+     {"attention_share": d.ATTENTION_SHARE / 0.9 + EPS, "attention_flop_share": d.ATTENTION_FLOPS}),  # fwd+bwd: 90%
     ("low_precision_unused", {"run_dtype_speedup": 1.0, "bf16_speedup": d.LOW_PRECISION_SPEEDUP - EPS},
      {"run_dtype_speedup": 1.0, "bf16_speedup": d.LOW_PRECISION_SPEEDUP}),
     ("precision_emulated", {"run_dtype_speedup": d.EMULATED_SPEEDUP}, {"run_dtype_speedup": d.EMULATED_SPEEDUP - EPS}),
@@ -72,6 +73,18 @@ def test_each_rule_is_silent_below_its_threshold_and_fires_above(kind: str, belo
     (finding,) = [b for b in result["bottlenecks"] if b["kind"] == kind]
     assert 0 < finding["severity"] <= 1 and finding["rule"] == kind and finding["threshold"]
     assert finding["evidence"] and all(set(e) == {"value", "unit", "source"} for e in finding["evidence"].values())
+
+
+@pytest.mark.parametrize(("flops", "fused", "fires"), [
+    (d.ATTENTION_FLOPS - EPS, d.FUSED, False),  # short sequence, fused kernels: nothing long to shorten
+    (d.ATTENTION_FLOPS, d.FUSED, True),  # long sequence
+    (d.ATTENTION_FLOPS - EPS, d.FUSED - EPS, True),  # unfused: SDPA would shorten it
+    (math.nan, d.FUSED, True),  # a model whose attention FLOPs are not known: the time share alone
+])
+def test_attention_is_a_bottleneck_when_the_sequence_is_long_or_its_kernels_unfused(
+        flops: float, fused: float, fires: bool) -> None:
+    f = figures(attention_share=50.0, attention_flop_share=flops, attention_fused_share=fused)
+    assert ("attention_bound" in kinds(f)) is fires
 
 
 def test_the_evidence_is_the_figures_the_rule_read() -> None:

@@ -12,6 +12,9 @@ shares are used, not absolute times). Figures:
 - `matmul_share`, `attention_share` (% of operator time): matrix multiplies (mm, addmm, bmm,
   scaled-dot-product attention); attention (SDPA and its backward, bmm, 4-D softmax: the model's
   other matmuls are 2-D linears).
+- `attention_fused_share` (% of attention time): in fused SDPA kernels (eager attention: 0).
+- `attention_flop_share` (% of the model's FLOPs per token): attention's QK^T and AV matmuls, the
+  part that grows with the sequence (12*L*H*Q*T of PaLM's count; the reference trainer's runs).
 
 `top_operators(run, n)` is the table behind them, heaviest first.
 """
@@ -27,11 +30,14 @@ import pandas as pd
 
 from profiler.analysis.figures import Figure, Figures, num
 from profiler.analysis.loader import RunData
+from profiler.metrics import lookup
 
 MATMUL = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|addmv|_scaled_dot_product|scaled_dot_product)")
 ATTENTION = re.compile(r"^aten::(.*scaled_dot_product.*|.*attention.*|bmm|baddbmm)$")
 TINY_OP_S = 10e-6
 """An operator call averaging less than this is overhead, not arithmetic."""
+FUSED_ATTENTION = re.compile(r"^aten::_?scaled_dot_product")
+"""SDPA: attention in fused kernels, the (T, T) scores never stored (eager attention is bmm + softmax)."""
 SOFTMAX = re.compile(r"^aten::(_softmax|softmax|_softmax_backward_data)$")
 
 
@@ -100,6 +106,7 @@ def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
         return {}
     total = float(ops["time_s"].sum())
     calls = float(ops["calls"].sum())
+    attention = float(ops.loc[_attention(ops), "time_s"].sum())
     step_s = num((summary.get("step_time_s") or {}).get("mean"))
     source = "ops.parquet (" + ("self_device_s" if _is_cuda(run) else "self_cpu_s") + ")"
     out: Figures = {
@@ -108,8 +115,16 @@ def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
                                 "%", source),
         "matmul_share": Figure(100 * float(ops.loc[ops["name"].str.match(MATMUL), "time_s"].sum()) / total, "%",
                                source),
-        "attention_share": Figure(100 * float(ops.loc[_attention(ops), "time_s"].sum()) / total, "%", source),
+        "attention_share": Figure(100 * attention / total, "%", source),
     }
+    if attention > 0:
+        fused = float(ops.loc[ops["name"].str.match(FUSED_ATTENTION), "time_s"].sum())
+        out["attention_fused_share"] = Figure(100 * fused / attention, "%", source + ", SDPA kernels / attention")
+    flops = num(lookup(run.record, "model.flops_per_token"))
+    attention_flops = num(lookup(run.record, "model.attention_flops_per_token"))
+    if flops > 0 and attention_flops >= 0:
+        out["attention_flop_share"] = Figure(100 * attention_flops / flops, "%",
+                                             "model.attention_flops_per_token / model.flops_per_token")
     if _is_cuda(run):
         out["device_busy"] = Figure(100 * total / step_s, "%", "ops.parquet self_device_s / summary.step_time_s.mean")
     return out
