@@ -5,7 +5,9 @@ keep the last K; `weights_only` loads that fall back to the next older checkpoin
 damaged; `Trainer.save`/`_resume` restore model, optimizer, schedule, scaler, batch size, RNG and
 the loader's position). This module records the policy in the setup and holds the facts
 `recommend` ranks it by. Saves are synchronous on rank 0, so the step that saves stalls (the other
-ranks wait at the next all-reduce); saving less often is what relieves a checkpoint-I/O-bound run.
+ranks wait at the next all-reduce; under fsdp, tp or pp they first send rank 0 their shards, and any
+layout resumes any other's checkpoint: reference_model.layout_state); saving less often is what
+relieves a checkpoint-I/O-bound run.
 The source's 004 4.4 is about Flink's stream snapshots (every 5 s): nothing there carries over to
 a training loop but the idea of periodic, consistent snapshots.
 """

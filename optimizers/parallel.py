@@ -188,9 +188,6 @@ def _check_trainer(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
         return (f"tp={cfg.tp} with {ctx.world_size // cfg.model_parallel} data-parallel replicas: replicas of a "
                 f"tensor-parallel model synchronize through FSDP here; allowed: fsdp x tp = the world size "
                 f"(switches.parallel.fsdp={ctx.world_size // cfg.tp})")
-    if switches.checkpoint.every or switches.checkpoint.resume:
-        return (f"fsdp={cfg.fsdp}: checkpoints of sharded parameters are not written by this trainer; "
-                "allowed: switches.checkpoint.every=0 and resume=false")
     if switches.amp.dtype == "fp16":
         return f"fsdp={cfg.fsdp} with amp=fp16: the GradScaler does not unscale sharded gradients; use amp=bf16"
     return None

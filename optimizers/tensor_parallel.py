@@ -49,6 +49,12 @@ def interleave_gate_up(weight: torch.Tensor, tp: int) -> torch.Tensor:
     return torch.cat([part for pair in zip(gate.chunk(tp), up.chunk(tp), strict=True) for part in pair])
 
 
+def deinterleave_gate_up(weight: torch.Tensor, tp: int) -> torch.Tensor:
+    """The inverse of `interleave_gate_up`: rows [gate; up] again (a checkpoint's one-process form)."""
+    chunks = weight.chunk(2 * tp)
+    return torch.cat([*chunks[0::2], *chunks[1::2]])
+
+
 def apply_tensor_parallel(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> None:
     # imported when a run splits tensors: DTensor's modules cost about a second of every start
     from torch.distributed.tensor import Replicate

@@ -28,6 +28,7 @@ from reference_model.checkpoint import load_latest, save_checkpoint
 from reference_model.config import DataConfig, GLMConfig, TrainConfig
 from reference_model.data import build_loader
 from reference_model.grads import clip_grads, local_part, total_grad_norm
+from reference_model.layout_state import full_state, load_full_state, state_layout
 from reference_model.lazy import LazyScalars
 from reference_model.model import IGNORE_INDEX, GLMForCausalLM
 
@@ -177,6 +178,7 @@ class Trainer:
         self.setup: TrainSetup = apply_all(self.model, self.switches, self.ctx)
         self.params = [p for p in self.setup.raw_model.parameters() if p.requires_grad]
         self.start_step = 0
+        self.state_layout = state_layout(self.setup, self.switches.parallel)
         ck = self.switches.checkpoint
         self.checkpoint_dir = Path(ck.dir) if ck.dir else (run_dir / "checkpoints" if run_dir else None)
         if ck.resume:
@@ -225,14 +227,23 @@ class Trainer:
                 "grads": sum(local(p.grad) for p in params if p.grad is not None),
                 "optimizer": sum(local(v) for s in state for v in s.values() if isinstance(v, torch.Tensor))}
 
-    def state_dict(self, step: int) -> dict[str, Any]:
+    def state_dict(self, step: int) -> dict[str, Any] | None:
+        """The checkpoint after `step` on rank 0 (None elsewhere): model and optimizer in the one-process
+        form (reference_model.layout_state), so that any layout resumes it."""
         s = self.setup
+        full = full_state(s.raw_model, s.optimizer, self.state_layout)
+        if full is None:
+            return None
         return {
-            "step": step, "model": s.raw_model.state_dict(), "optimizer": s.optimizer.state_dict(),
+            "step": step, "model": full[0], "optimizer": full[1],
             "scheduler": s.scheduler.state_dict() if s.scheduler is not None else None,
             "scaler": s.scaler.state_dict() if s.scaler is not None else None,
             "batch_size": self._batch_size(), "torch_rng": torch.get_rng_state(),
         }
+
+    def _saves_here(self) -> bool:
+        """Whether this rank takes part in a save: rank 0, or every rank when saving gathers shards."""
+        return self.ctx.rank == 0 or self.state_layout.collective
 
     def _resume(self) -> None:
         if self.checkpoint_dir is None:
@@ -244,8 +255,7 @@ class Trainer:
             return
         step, state, path = found
         s = self.setup
-        s.raw_model.load_state_dict(state["model"])
-        s.optimizer.load_state_dict(state["optimizer"])
+        load_full_state(s.raw_model, s.optimizer, state["model"], state["optimizer"], self.state_layout)
         if s.scheduler is not None and state["scheduler"] is not None:
             s.scheduler.load_state_dict(state["scheduler"])
         if s.scaler is not None and state["scaler"] is not None:
@@ -256,10 +266,13 @@ class Trainer:
         self.start_step = step
         log.info("resumed from %s at step %d", path, step)
 
-    def save(self, step: int, *, debug_batch: dict[str, torch.Tensor] | None = None) -> Path:
-        """Checkpoint after `step` optimizer steps (on rank 0 only); a debug save also keeps the batch."""
+    def save(self, step: int, *, debug_batch: dict[str, torch.Tensor] | None = None) -> Path | None:
+        """Checkpoint after `step` optimizer steps, written by rank 0 (None elsewhere); every rank of a
+        sharded layout must call it, only rank 0 otherwise. A debug save also keeps the batch."""
         assert self.checkpoint_dir is not None
         state = self.state_dict(step)
+        if state is None:
+            return None
         if debug_batch is not None:
             state["batch"] = {k: v.detach().cpu() for k, v in debug_batch.items()}
             path = self.checkpoint_dir / f"debug-step{step:08d}.pt"
@@ -381,8 +394,10 @@ class Trainer:
         loss_value, norm_value = LazyScalars(loss, grad_norm).values()
         event = {"kind": "non_finite", "step": step, "loss": loss_value, "grad_norm": norm_value,
                  "action": s.nan_guard}
-        if s.nan_guard == "stop" and self.checkpoint_dir is not None and self.ctx.rank == 0:
-            event["debug_checkpoint"] = str(self.save(step, debug_batch=batch))
+        if s.nan_guard == "stop" and self.checkpoint_dir is not None and self._saves_here():
+            path = self.save(step, debug_batch=batch)
+            if path is not None:
+                event["debug_checkpoint"] = str(path)
         self.emit(event)
         if s.nan_guard == "stop":
             raise NonFiniteLossError(f"non-finite loss/gradients at step {step}: {event}")
@@ -410,8 +425,8 @@ class Trainer:
         every = self.switches.checkpoint.every
         if every and (record.step + 1) % every == 0 and self.checkpoint_dir is not None:
             with self.phase(record.step, "checkpoint"):
-                if self.ctx.rank == 0:
-                    path = self.save(record.step + 1)
+                path = self.save(record.step + 1) if self._saves_here() else None
+                if path is not None:
                     self.emit({"kind": "checkpoint", "step": record.step + 1, "path": str(path)})
         if s.batch_controller is not None and not record.warmup:  # compile time is not step time
             before = s.batch_controller.batch_size

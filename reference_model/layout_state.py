@@ -1,0 +1,145 @@
+"""Model and optimizer state in one form for every layout: the one-process model's.
+
+A checkpoint saved by fsdp, tp or pp ranks therefore resumes on any other layout, one process
+included. The state goes through torch.distributed.checkpoint.state_dict: full state dicts keyed by
+parameter names (FSDP and tensor-parallel shards gathered, wrapper prefixes dropped), the optimizer's
+keyed by the same names. Two things a full state dict does not undo are undone here: tensor
+parallelism's interleaved gate/up rows (optimizers.tensor_parallel), and a pipeline stage's block
+numbering (a stage keeps its blocks as 0..k-1; they are saved under the model's numbers). Pipeline
+stages send their parts to global rank 0, which writes the file; a load reads the whole file on every
+rank and keeps its part. Rank 0 holds the whole model and optimizer state in CPU memory while saving.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from optimizers.base import TrainSetup, blocks
+from optimizers.parallel import ParallelConfig
+from optimizers.tensor_parallel import deinterleave_gate_up, interleave_gate_up
+
+_BLOCK = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_GATE_UP = "mlp.gate_up_proj.weight"
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """What a rank's state differs from the one-process model's by."""
+
+    collective: bool = False
+    """Whether saving is a collective of every rank (any layout but one process or plain DDP)."""
+    tp: int = 1
+    first_block: int = 0
+    """The model's number of this rank's block 0 (a pipeline stage's first block)."""
+    pp_group: dist.ProcessGroup | None = None
+    """The pipeline's group when the model is cut into stages: their parts are gathered on rank 0."""
+
+
+def state_layout(setup: TrainSetup, cfg: ParallelConfig) -> StateLayout:
+    """The layout of this rank's state under `cfg` (set up in `setup`)."""
+    if setup.mesh is None:
+        return StateLayout()
+    pp = setup.mesh["pp"]
+    return StateLayout(collective=True, tp=cfg.tp, first_block=pp.get_local_rank() * len(blocks(setup.raw_model)),
+                       pp_group=pp.get_group() if cfg.pp > 1 else None)
+
+
+def _renumber(name: str, shift: int) -> str:
+    match = _BLOCK.match(name)
+    return f"model.layers.{int(match.group(1)) + shift}.{match.group(2)}" if match else name
+
+
+def _gate_up(tensors: dict[str, Any], reorder: Any, tp: int) -> None:
+    """Reorder the fused gate/up rows of every block weight (and its same-shaped optimizer moments)."""
+    for name, value in tensors.items():
+        if not name.endswith(_GATE_UP):
+            continue
+        if isinstance(value, dict):  # an optimizer's state of that weight: its moments have its shape
+            for key, moment in value.items():
+                if isinstance(moment, torch.Tensor) and moment.dim() == 2:
+                    value[key] = reorder(moment, tp)
+        else:
+            tensors[name] = reorder(value, tp)
+
+
+def _to_model_numbers(model_sd: dict[str, Any], optim_sd: dict[str, Any], shift: int) -> None:
+    for sd in (model_sd, optim_sd["state"]):
+        for name in list(sd):
+            sd[_renumber(name, shift)] = sd.pop(name)
+    for group in optim_sd["param_groups"]:
+        group["params"] = [_renumber(name, shift) for name in group["params"]]
+
+
+def _merge_stages(parts: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One model's state from its stages' (in stage order, so the optimizer's names stay in model order)."""
+    model_sd: dict[str, Any] = {}
+    state: dict[str, Any] = {}
+    groups = [dict(group, params=[]) for group in parts[0][1]["param_groups"]]
+    for part_model, part_optim in parts:
+        model_sd.update(part_model)
+        state.update(part_optim["state"])
+        for merged, group in zip(groups, part_optim["param_groups"], strict=True):
+            merged["params"] += group["params"]
+    return model_sd, {"state": state, "param_groups": groups}
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer,
+               lay: StateLayout) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The (model, optimizer) state in the one-process form on global rank 0, None elsewhere.
+
+    A collective under a sharded layout: every rank of it must call this at the same step.
+    """
+    # imported on a save: it loads FSDP's modules, half a second of every start otherwise
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    # a pipeline stage's tensors are whole on their rank: gathered below, so no offload to rank 0 only
+    options = StateDictOptions(full_state_dict=True, cpu_offload=lay.pp_group is None)
+    model_sd = get_model_state_dict(model, options=options)
+    optim_sd = get_optimizer_state_dict(model, optimizer, options=options)
+    if lay.pp_group is not None:
+        model_sd = {name: t.detach().cpu() for name, t in model_sd.items()}
+        optim_sd["state"] = {name: {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+                             for name, s in optim_sd["state"].items()}
+        _to_model_numbers(model_sd, optim_sd, lay.first_block)
+        parts: list[Any] | None = [None] * dist.get_world_size(lay.pp_group) if dist.get_rank() == 0 else None
+        dist.gather_object((model_sd, optim_sd), parts, dst=0, group=lay.pp_group)
+        if parts is None:
+            return None
+        model_sd, optim_sd = _merge_stages(parts)
+    elif dist.is_initialized() and dist.get_rank() != 0:
+        return None
+    if lay.tp > 1:
+        _gate_up(model_sd, deinterleave_gate_up, lay.tp)
+        _gate_up(optim_sd["state"], deinterleave_gate_up, lay.tp)
+    return model_sd, optim_sd
+
+
+def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict[str, Any],
+                    optim_sd: dict[str, Any], lay: StateLayout) -> None:
+    """Load a one-process (model, optimizer) state into this rank's part of the model and optimizer."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    if lay.pp_group is not None:  # keep this stage's blocks, renumbered as the stage holds them
+        own = set(get_model_state_dict(model))
+        _to_model_numbers(model_sd, optim_sd, -lay.first_block)
+        model_sd = {name: t for name, t in model_sd.items() if name in own}
+        optim_sd = {"state": {name: s for name, s in optim_sd["state"].items() if name in own},
+                    "param_groups": [dict(g, params=[n for n in g["params"] if n in own])
+                                     for g in optim_sd["param_groups"]]}
+    if lay.tp > 1:
+        _gate_up(model_sd, interleave_gate_up, lay.tp)
+        _gate_up(optim_sd["state"], interleave_gate_up, lay.tp)
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, model_sd, options=options)
+    set_optimizer_state_dict(model, optimizer, optim_sd, options=options)
