@@ -1,10 +1,11 @@
 """Checkpoints of sharded layouts on real torchrun ranks over gloo: saved in the one-process form, a
-checkpoint of fsdp, tp or pp ranks resumes on its own layout exactly and in one process like the run
+checkpoint of fsdp, tp, pp or fsdp x tp ranks resumes on its own layout exactly and in one process like the run
 that never stopped, and a one-process checkpoint resumes on each of those layouts.
 
-One torchrun launch (tests/parallel_worker.py) runs, per layout, a save run (3 steps, a checkpoint
-after step 2), a resume of it (step 2 again) and a resume of a one-process checkpoint of the same
-global batch. Losses are compared at step 2, the first step after the checkpoint.
+A torchrun launch (tests/parallel_worker.py) of 2 ranks, and one of 4 for fsdp x tp, runs per
+layout a save run (3 steps, a checkpoint after step 2), a resume of it (step 2 again) and a resume
+of a one-process checkpoint of the same global batch. Losses are compared at step 2, the first step
+after the checkpoint.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.trainer import Trainer
 from tests.parallel_worker import SEQ_LEN, Losses
 from tests.test_switch_ddp import torchrun
-from tests.test_switch_parallel import BATCH, FSDP2, LOSS_TOL, PP2, TP2, WORKER
+from tests.test_switch_parallel import BATCH, FSDP2, FSDP2_TP2, LOSS_TOL, PP2, TP2, WORKER
 
 SAVED = 2
 STEPS = SAVED + 1
-LAYOUTS = {"fsdp": FSDP2, "tp": TP2, "pp": PP2["1f1b"]}
-GLOBAL_BATCH = {"fsdp": 2 * BATCH, "tp": BATCH, "pp": BATCH}
+LAYOUTS = {"fsdp": FSDP2, "tp": TP2, "pp": PP2["1f1b"], "fsdp-tp": FSDP2_TP2}
+NPROC = {"fsdp-tp": 4}
+"""Ranks of a layout's launch (2 unless named)."""
+GLOBAL_BATCH = {"fsdp": 2 * BATCH, "tp": BATCH, "pp": BATCH, "fsdp-tp": 2 * BATCH}
 """One process's batch for the same data as the layout's ranks (fsdp splits it, tp and pp share it)."""
 pytestmark = pytest.mark.slow
 
@@ -50,34 +53,40 @@ def one_process(directory: Path, batch_size: int, *, resume: bool) -> list[float
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("parallel-checkpoint")
     one = {batch: one_process(out / f"one-{batch}", batch, resume=False) for batch in set(GLOBAL_BATCH.values())}
-    scenarios = []
-    for name, layout in LAYOUTS.items():
-        saved = out / name
-        scenarios += [
-            {"name": f"{name}-save", "switches": _switches(layout, saved, resume=False)},
-            {"name": f"{name}-resume", "switches": _switches(layout, saved, resume=True)},
-            {"name": f"{name}-from-one",
-             "switches": _switches(layout, out / f"one-{GLOBAL_BATCH[name]}", resume=True)},
-        ]
-    scenarios = [{**s, "preset": "tiny", "steps": STEPS, "batch_size": BATCH} for s in scenarios]
-    code, output = torchrun(out, scenarios, worker=WORKER)
-    if code != 0:
-        pytest.fail(f"torchrun exited {code}:\n{output[-4000:]}")
-    ranks = [json.loads((out / f"rank{r}.json").read_text())["results"] for r in (0, 1)]
+    ranks: dict[str, list[dict[str, Any]]] = {}
+    for nproc in sorted({NPROC.get(name, 2) for name in LAYOUTS}):
+        scenarios = []
+        for name in (n for n in LAYOUTS if NPROC.get(n, 2) == nproc):
+            saved, layout = out / name, LAYOUTS[name]
+            scenarios += [
+                {"name": f"{name}-save", "switches": _switches(layout, saved, resume=False)},
+                {"name": f"{name}-resume", "switches": _switches(layout, saved, resume=True)},
+                {"name": f"{name}-from-one",
+                 "switches": _switches(layout, out / f"one-{GLOBAL_BATCH[name]}", resume=True)},
+            ]
+        scenarios = [{**s, "preset": "tiny", "steps": STEPS, "batch_size": BATCH} for s in scenarios]
+        launch = out / f"ranks{nproc}"
+        launch.mkdir()
+        code, output = torchrun(launch, scenarios, worker=WORKER, nproc=nproc)
+        if code != 0:
+            pytest.fail(f"torchrun exited {code}:\n{output[-4000:]}")
+        results = [json.loads((launch / f"rank{r}.json").read_text())["results"] for r in range(nproc)]
+        ranks.update({name.removesuffix("-save"): results for name in results[0] if name.endswith("-save")})
     return {"out": out, "ranks": ranks, "one": one}
 
 
-def _step_loss(ranks: list[dict[str, Any]], name: str, layout: str) -> float:
-    """The loss of the global batch at the step after the checkpoint: the mean over data replicas
-    (fsdp ranks each train on half the batch; tp and pp ranks share it and report the same loss)."""
+def _step_loss(ranks: list[dict[str, Any]], name: str) -> float:
+    """The loss of the global batch at the step after the checkpoint: the mean over the ranks (data
+    replicas each train on their share of the batch; the ranks of a tp group or pipeline share one and
+    report the same loss)."""
     values = [r[name]["losses"][-1] for r in ranks]
-    return sum(values) / len(values) if layout == "fsdp" else values[0]
+    return sum(values) / len(values)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_a_sharded_checkpoint_resumes_its_own_layout_exactly(runs: dict[str, Any], layout: str) -> None:
     assert [step for step, _ in list_checkpoints(runs["out"] / layout)] == [SAVED]
-    for rank in runs["ranks"]:
+    for rank in runs["ranks"][layout]:
         assert len(rank[f"{layout}-resume"]["losses"]) == STEPS - SAVED  # it started after the checkpoint
         assert rank[f"{layout}-resume"]["losses"] == pytest.approx(rank[f"{layout}-save"]["losses"][SAVED:],
                                                                     abs=1e-6)
@@ -87,11 +96,11 @@ def test_a_sharded_checkpoint_resumes_its_own_layout_exactly(runs: dict[str, Any
 def test_a_sharded_checkpoint_resumes_in_one_process(runs: dict[str, Any], layout: str, tmp_path: Path) -> None:
     resumed = one_process(runs["out"] / layout, GLOBAL_BATCH[layout], resume=True)
     assert len(resumed) == STEPS - SAVED
-    assert resumed[0] == pytest.approx(_step_loss(runs["ranks"], f"{layout}-save", layout), abs=LOSS_TOL)
+    assert resumed[0] == pytest.approx(_step_loss(runs["ranks"][layout], f"{layout}-save"), abs=LOSS_TOL)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_a_one_process_checkpoint_resumes_on_each_layout(runs: dict[str, Any], layout: str) -> None:
     uninterrupted = runs["one"][GLOBAL_BATCH[layout]]
-    assert _step_loss(runs["ranks"], f"{layout}-from-one", layout) == pytest.approx(uninterrupted[SAVED],
+    assert _step_loss(runs["ranks"][layout], f"{layout}-from-one") == pytest.approx(uninterrupted[SAVED],
                                                                                     abs=LOSS_TOL)
