@@ -34,6 +34,11 @@ SCALES_WITH = {
     "run_dtype_speedup": "the measured speedup s of the run's own low-precision dtype over fp32 at the run's "
                          "shapes (s < 1: slower): low..high is the matmul share of the target, and going back "
                          "to fp32 removes that share x (1 - s)",
+    "all_gather_exposed": "the share e of the step spent in all-gathers no computation overlaps "
+                          "(comm_exposed.all_gather): low..high is the fraction of that time removed, so the "
+                          "target phase loses e/share(target) x that",
+    "send_recv_exposed": "as all_gather_exposed, for sends and receives (a pipeline stage's wait for its "
+                         "neighbour: its bubble)",
 }
 """Measured figures an effect's fraction may depend on, and how."""
 
@@ -85,8 +90,16 @@ class Effect:
         return self.low * per_part, self.high * per_part
 
 
+@dataclass(frozen=True)
+class Derived:
+    """A value computed from the current values of other keys (`fn(*[current(k) for k in reads])`)."""
+
+    reads: tuple[str, ...]
+    fn: Callable[..., Any]
+
+
 Value = Any
-"""A config value, or a callable of the key's current value (`lambda every: every * 4`)."""
+"""A config value, a callable of the key's current value (`lambda every: every * 4`), or a `Derived`."""
 
 
 def _always(section: Any) -> bool:
@@ -118,4 +131,9 @@ class Candidate:
 
     def resolve(self, current: Callable[[str], Any]) -> dict[str, Any]:
         """The concrete values to set, callables called with `current(key)`, the key's value now."""
-        return {key: value(current(key)) if callable(value) else value for key, value in self.set.items()}
+        def one(key: str, value: Value) -> Any:
+            if isinstance(value, Derived):
+                return value.fn(*(current(k) for k in value.reads))
+            return value(current(key)) if callable(value) else value
+
+        return {key: one(key, value) for key, value in self.set.items()}

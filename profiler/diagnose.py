@@ -19,6 +19,7 @@ from typing import Any
 from optimizers.vocabulary import Bottleneck
 from profiler.analysis.figures import Figures, known
 from profiler.metrics import PHASES
+from profiler.traces.collectives import KINDS as COLLECTIVES
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,17 @@ def _attention_message(f: Figures) -> str:
             "step" + (": " + "; ".join(why) if why else ""))
 
 
+def _comm_message(f: Figures) -> str:
+    kinds = sorted(((v(f, f"comm_exposed.{k}"), k) for k in COLLECTIVES if known(f, f"comm_exposed.{k}")), reverse=True)
+    by_kind = ": " + ", ".join(f"{kind} {share:.1f}%" for share, kind in kinds) if kinds else ""
+    if not known(f, "comm_mib_per_step"):  # GPU traces: exposed NCCL kernel time of the GPU's
+        return (f"{v(f, 'comm_exposed'):.1f}% of the GPU's time is NCCL communication no computation overlaps "
+                f"({v(f, 'comm_overlap'):.0f}% of it overlapped){by_kind}")
+    what = "communication" + by_kind if kinds else "all-reduce"
+    return (f"{v(f, 'comm_exposed'):.1f}% of the step waits on {what} "
+            f"({v(f, 'comm_mib_per_step'):.2f} MiB a step, {v(f, 'comm_overlap'):.0f}% overlapped)")
+
+
 def _host_bound(f: Figures) -> float:
     """CUDA: the idle share of the step that waiting for data does not explain; CPU: the share of
     forward, backward and optimizer in operator calls under 10 us."""
@@ -179,12 +191,8 @@ RULES: tuple[Rule, ...] = (
          also=("device_busy", "data_wait", "gpu_idle", "host_wait", "launch_delay", "short_kernels")),
     Rule(Bottleneck.COMM_BOUND, f"exposed communication > {COMM_SHARE:g}% of the step", ("comm_exposed",),
          lambda f: v(f, "comm_exposed") / 100 if v(f, "comm_exposed") > COMM_SHARE else 0.0,
-         lambda f: f"{v(f, 'comm_exposed'):.1f}% of the step waits on all-reduce "
-                   f"({v(f, 'comm_mib_per_step'):.2f} MiB a step, {v(f, 'comm_overlap'):.0f}% overlapped)"
-         if known(f, "comm_mib_per_step") else  # traces: exposed NCCL kernel time of the GPU's
-         f"{v(f, 'comm_exposed'):.1f}% of the GPU's time is NCCL communication no computation overlaps "
-         f"({v(f, 'comm_overlap'):.0f}% of it overlapped)",
-         applies=lambda f: None if known(f, "comm_exposed") else "one rank: nothing is communicated"),
+         _comm_message, applies=lambda f: None if known(f, "comm_exposed") else "one rank: nothing is communicated",
+         also=tuple(f"comm_exposed.{kind}" for kind in COLLECTIVES)),
     Rule(Bottleneck.OPTIMIZER_BOUND, f"optimizer step > {OPTIMIZER_SHARE:g}% of the step", ("share.optimizer",),
          lambda f: v(f, "share.optimizer") / 100 if v(f, "share.optimizer") > OPTIMIZER_SHARE else 0.0,
          lambda f: f"the optimizer step takes {v(f, 'share.optimizer'):.1f}% of the step"),

@@ -37,6 +37,7 @@ from profiler.diagnose import LOW_PRECISION_SPEEDUP, diagnose, v
 from profiler.metrics import PHASE_NAMES, lookup
 
 SPEEDUP_FIGURES = {"bf16_matmul_speedup": "bf16_speedup", "fp16_matmul_speedup": "fp16_speedup"}
+EXPOSED_FIGURES = {"all_gather_exposed": "comm_exposed.all_gather", "send_recv_exposed": "comm_exposed.send_recv"}
 MEMORY_KINDS = {Bottleneck.MEMORY_BOUND}
 NO_SPEED_METRIC = {Bottleneck.UNSTABLE}
 """Bottlenecks whose remedies are judged by what they prevent, not by a speed or memory figure."""
@@ -92,6 +93,9 @@ def _fraction(effect: Effect, figures: Figures) -> tuple[float, float]:
         if math.isnan(speedup) or math.isnan(share) or speedup >= 1:
             return 0.0, 0.0  # fp32 already, or its dtype is the faster one: nothing to win back
         return 0.8 * share * (1 - speedup), share * (1 - speedup)
+    if effect.scales_with in EXPOSED_FIGURES:  # exposed time inside the target phase, as a share of that phase
+        share = v(figures, EXPOSED_FIGURES[effect.scales_with]) / v(figures, f"share.{effect.target}")
+        return (effect.low * min(share, 1.0), effect.high * min(share, 1.0)) if math.isfinite(share) else (0.0, 0.0)
     if effect.scales_with == "attention_share":
         return effect.fraction({"attention_share": v(figures, "attention_share") / 100})
     low, high = effect.fraction({})

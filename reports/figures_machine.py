@@ -145,6 +145,30 @@ def communication(run: RunData, summary: Mapping[str, Any]) -> go.Figure | None:
     return with_caption(fig, "Communication", caption)
 
 
+def collectives(summary: Mapping[str, Any]) -> go.Figure | None:
+    """Each kind of collective's time a profiled step and the part of it no computation overlapped,
+    per rank (from the traces: profiler.traces.collectives)."""
+    ranks = {r: f["collectives"] for r, f in ((summary.get("trace") or {}).get("ranks") or {}).items()
+             if (f.get("collectives") or {}).get("kinds")}
+    if not ranks:
+        return None
+    fig = figure("Communication by collective", "Each kind of collective's time a profiled step and the part of it "
+                 "no computation overlapped (exposed), per rank, with its payload; from the torch.profiler traces "
+                 "(on the CPU gloo's worker threads against the training thread's operators, on the GPU NCCL "
+                 "kernels against compute kernels).", xaxis_title="ms per profiled step", barmode="group",
+                 height=max(300, 60 * len(next(iter(ranks.values()))["kinds"]) + 140),
+                 margin={"l": 130, "r": 30, "t": 50, "b": 50})
+    for rank, found in sorted(ranks.items(), key=lambda item: int(item[0])):
+        kinds = found["kinds"]
+        names = list(kinds)
+        custom = np.array([[kinds[k]["bytes"] / MIB, kinds[k]["calls"]] for k in names], dtype=float)
+        for field, label in (("time_s", "time"), ("exposed_s", "exposed")):
+            hover = f"%{{y}} {label}: %{{x:.2f}} ms, %{{customdata[0]:.2f}} MiB in %{{customdata[1]:.0f}} calls"
+            fig.add_bar(x=[1e3 * kinds[k][field] for k in names], y=names, orientation="h", customdata=custom,
+                        name=f"{label}, rank {rank}", hovertemplate=hover + "<extra></extra>")
+    return fig
+
+
 def top_operators(run: RunData, n: int = 12) -> go.Figure | None:
     """The heaviest aten operators of the profiled steps, by self time."""
     ops = operators.top_operators(run, n)

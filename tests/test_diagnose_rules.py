@@ -132,6 +132,32 @@ def test_expected_gain_is_amdahl_over_the_measured_shares() -> None:
     assert (exp["peak_memory"]["low"], exp["peak_memory"]["high"]) == (pytest.approx(-75.0), pytest.approx(-50.0))
 
 
+@pytest.mark.parametrize(("setting", "figure", "phase"), [
+    ({"switches.parallel.reshard_after_forward": False}, "comm_exposed__all_gather", "backward"),
+    ({"switches.parallel.microbatches": 4}, "comm_exposed__send_recv", "forward")])
+def test_a_layout_lever_removes_part_of_the_exposed_collective_it_addresses(setting: dict, figure: str,
+                                                                            phase: str) -> None:
+    """The exposed time sits inside its phase: the phase loses (exposed / phase share) x the fraction,
+    so the step loses the exposed share x the fraction, whatever the phase's share."""
+    from optimizers.parallel import OPTIMIZATION
+
+    (candidate,) = [c for c in OPTIMIZATION.candidates if set(c.set) == set(setting)]
+    (effect,) = candidate.effects
+    tps = expected(candidate, figures(**{figure: 12.0, f"share__{phase}": 60.0}))["tokens_per_s"]
+    assert tps["low"] == pytest.approx(100 * (1 / (1 - 0.12 * effect.low) - 1))
+    assert tps["high"] == pytest.approx(100 * (1 / (1 - 0.12 * effect.high) - 1))
+    assert expected(candidate, figures())["tokens_per_s"]["high"] == pytest.approx(0.0)  # nothing exposed
+
+
+def test_the_comm_finding_names_the_exposed_collectives_largest_first() -> None:
+    f = figures(comm_exposed=30.0, comm_overlap=5.0, comm_mib_per_step=1.5, comm_exposed__send_recv=22.0,
+                comm_exposed__all_reduce=8.0)
+    (finding,) = [b for b in d.diagnose(f)["bottlenecks"] if b["kind"] == "comm_bound"]
+    assert finding["message"] == ("30.0% of the step waits on communication: send_recv 22.0%, all_reduce 8.0% "
+                                  "(1.50 MiB a step, 5% overlapped)")
+    assert set(finding["evidence"]) == {"comm_exposed", "comm_exposed.send_recv", "comm_exposed.all_reduce"}
+
+
 def test_a_speedup_effect_uses_the_measured_matmul_share_and_peak_ratio() -> None:
     f = figures(share__forward=40.0, share__backward=60.0, matmul_share=50.0, bf16_speedup=2.0,
                 run_dtype_speedup=1.0)  # from fp32

@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from profiler import store
-from profiler.traces import comm_overlap, idle, kernel_types, launches, ranks, temporal
+from profiler.traces import collectives, comm_overlap, idle, kernel_types, launches, ranks, temporal
 from profiler.traces.kernels import kernel_rows
 from profiler.traces.ops import op_rows
 from profiler.traces.reader import Trace, TraceError, read_trace
@@ -71,6 +71,8 @@ def analyze_rank(trace: Trace, rank: int) -> tuple[dict[str, Any], dict[str, pd.
         figures.update(comm_overlap.analyze(window))
         figures["idle"] = idle.analyze(window)
         figures.update(launches.analyze(window))
+    if comm := collectives.analyze(trace, n_steps):
+        figures["collectives"] = comm
     tables = {"steps": steps, "ops": op_rows(trace, rank, n_steps), "kernels": kernel_rows(trace, rank, n_steps)}
     return figures, tables
 

@@ -26,19 +26,33 @@ def length(starts: np.ndarray, ends: np.ndarray) -> float:
     return float((e - s).sum())
 
 
-def overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
-    """Time covered by both unions `a` and `b` (each given as merged, disjoint sorted spans)."""
+def _sweep(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray],
+           state: int) -> tuple[np.ndarray, np.ndarray]:
+    """The spans where the sweep over the merged unions `a` (+1) and `b` (+2) stands at `state`:
+    3 in both, 1 in `a` only."""
     (a_s, a_e), (b_s, b_e) = a, b
-    if len(a_s) == 0 or len(b_s) == 0:
-        return 0.0
-    # each span of a against the b spans that can overlap it: sweep over the sorted boundaries
     points = np.concatenate([a_s, a_e, b_s, b_e])
     delta = np.concatenate([np.ones(len(a_s)), -np.ones(len(a_e)), 2 * np.ones(len(b_s)), -2 * np.ones(len(b_e))])
     order = np.lexsort((delta, points))  # at a tie, ends (negative) before starts
     points, delta = points[order], delta[order]
-    running = np.cumsum(delta)
-    both = running[:-1] == 3
-    return float((np.diff(points)[both]).sum())
+    inside = np.cumsum(delta)[:-1] == state
+    keep = inside & (np.diff(points) > 0)
+    return points[:-1][keep], points[1:][keep]
+
+
+def overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+    """Time covered by both unions `a` and `b` (each given as merged, disjoint sorted spans)."""
+    if len(a[0]) == 0 or len(b[0]) == 0:
+        return 0.0
+    s, e = _sweep(a, b, 3)
+    return float((e - s).sum())
+
+
+def difference(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The spans of union `a` that union `b` does not cover (both merged, disjoint sorted spans)."""
+    if len(a[0]) == 0 or len(b[0]) == 0:
+        return a
+    return merge(*_sweep(a, b, 1))
 
 
 def clip(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:

@@ -45,7 +45,7 @@ class Trace:
     events: pd.DataFrame
     """Columns: `cat`, `name`, `thread` (codes into `cats`, `names`, `threads`), `pid`, `ts`, `dur` (us,
     as in the file), `stream` (-1 off the GPU), `correlation`, `external_id` (-1 when absent),
-    `input_dims` (code into `names`, -1 when absent), `flops` (NaN when absent)."""
+    `input_dims`, `input_types` (codes into `names`, -1 when absent), `flops` (NaN when absent)."""
     names: list[str]
     cats: list[str]
     threads: list[str]
@@ -56,7 +56,8 @@ class Trace:
         return [index[w] for w in wanted if w in index]
 
 
-FIELDS = ("cat", "name", "thread", "pid", "ts", "dur", "stream", "correlation", "external_id", "input_dims", "flops")
+FIELDS = ("cat", "name", "thread", "pid", "ts", "dur", "stream", "correlation", "external_id", "input_dims",
+          "input_types", "flops")
 
 try:  # msgspec decodes straight into typed records, skipping the fields not named: ~2.5x orjson here
     import msgspec
@@ -66,6 +67,7 @@ try:  # msgspec decodes straight into typed records, skipping the fields not nam
         correlation: int = -1
         external_id: int = msgspec.field(default=-1, name="External id")
         input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input Dims")
+        input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input type")
         flops: float | None = None
 
     class _Event(msgspec.Struct, tag_field="ph", tag="X"):
@@ -102,6 +104,7 @@ def _records(events: list[Any]) -> dict[str, list[Any]]:
             "stream": [a.stream for a in args], "correlation": [a.correlation for a in args],
             "external_id": [a.external_id for a in args],
             "input_dims": [bytes(a.input_dims) for a in args],
+            "input_types": [bytes(a.input_types) for a in args],
             "flops": [a.flops for a in args]}
 
 
@@ -115,6 +118,7 @@ def _dicts(events: Iterable[Any]) -> dict[str, list[Any]]:
             xs.append(e)
     args = [e.get("args") or {} for e in xs]
     dims = [a.get("Input Dims") for a in args]
+    types = [a.get("Input type") for a in args]
     return {"cat": [e["cat"] for e in xs], "name": [str(e.get("name", "")) for e in xs],
             "pid": [e.get("pid", -1) for e in xs], "tid": [e.get("tid", -1) for e in xs],
             "ts": [float(e["ts"]) for e in xs], "dur": [float(e["dur"]) for e in xs],
@@ -122,6 +126,7 @@ def _dicts(events: Iterable[Any]) -> dict[str, list[Any]]:
             "correlation": [_int(a.get("correlation", -1)) for a in args],
             "external_id": [_int(a.get("External id", -1)) for a in args],
             "input_dims": [None if d is None else str(d) for d in dims],
+            "input_types": [None if t is None else str(t) for t in types],
             "flops": [f if isinstance(f, (int, float)) else None for f in (a.get("flops") for a in args)]}
 
 
@@ -149,7 +154,8 @@ class _Columns:
         put = self.parts
         put["cat"].append(self._codes(fields["cat"], self.cats))
         put["name"].append(self._codes(fields["name"], self.names))
-        put["input_dims"].append(self._codes(fields["input_dims"], self.names, _dims_text))
+        for f in ("input_dims", "input_types"):
+            put[f].append(self._codes(fields[f], self.names, _dims_text))
         pids, pid_values = pd.factorize(pd.Series(fields["pid"], dtype=object))
         tids, tid_values = pd.factorize(pd.Series(fields["tid"], dtype=object))
         pairs, pair_values = pd.factorize(pids * len(tid_values) + tids)

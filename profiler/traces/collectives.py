@@ -1,0 +1,185 @@
+"""Communication by collective in one rank's trace: calls, payload bytes, time and exposed time per step.
+
+A collective is a process-group operator on the host (`c10d::allreduce_`, `c10d::_allgather_base_`,
+`c10d::send`, ...; the functional collectives of tensor parallelism run one inside), its kind from
+that name. Payload bytes follow `glmperf plan` (profiler.plan), so the two compare: the tensor an
+all-gather produces, a reduce-scatter or all-to-all consumes, an all-reduce or broadcast works on, a
+send or recv moves. An operator that takes a tensor list records no shapes: its bytes are those of
+the backend's own event (`gloo:all_reduce`, `nccl:all_reduce`, with the tensor it works on), matched
+in order within the family (gloo runs a reduce-scatter as an all-reduce of its input: matched by size).
+
+Time is the backend's, the union of its events' intervals (work on two streams or threads at once
+counts once). On the GPU, the NCCL kernels, their kind from their names (all-to-all runs
+SendRecv kernels: counted as send_recv there). On the CPU, gloo's events on its worker threads, each
+the work of the operator matched to it. Exposed time is the part of it no computation overlaps:
+compute kernels on the GPU (HTA's comm_comp_overlap, per kind), on the CPU the training threads'
+aten operators, so a pipeline stage waiting for its neighbour (its bubble) shows as exposed send_recv.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profiler.traces import intervals
+from profiler.traces.ops import HOST_OPS
+from profiler.traces.reader import Trace
+from profiler.traces.window import COMMUNICATION, COMPUTATION, hta_window
+
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "send_recv", "all_to_all")
+OPS: dict[str, tuple[str, str, int]] = {
+    # operator -> (kind, backend family, the argument holding the payload; -1: a tensor list, ask the backend)
+    "c10d::_allgather_base_": ("all_gather", "all_gather", 0),
+    "c10d::allgather_into_tensor_coalesced_": ("all_gather", "all_gather", 0),
+    "c10d::allgather_": ("all_gather", "all_gather", -1),
+    "c10d::_reduce_scatter_base_": ("reduce_scatter", "reduce_scatter", 1),
+    "c10d::reduce_scatter_tensor_coalesced_": ("reduce_scatter", "reduce_scatter", 1),
+    "c10d::reduce_scatter_": ("reduce_scatter", "reduce_scatter", -1),
+    "c10d::allreduce_": ("all_reduce", "all_reduce", -1),
+    "c10d::allreduce_coalesced_": ("all_reduce", "all_reduce", -1),
+    "c10d::broadcast_": ("broadcast", "broadcast", -1),
+    "c10d::send": ("send_recv", "send", -1),
+    "c10d::recv_": ("send_recv", "recv", -1),
+    "c10d::recv_any_source_": ("send_recv", "recv", -1),
+    "c10d::alltoall_base_": ("all_to_all", "all_to_all", 1),
+    "c10d::alltoall_": ("all_to_all", "all_to_all", -1),
+}
+_BACKEND = re.compile(r"^(gloo|nccl):_?(all_?gather|reduce_scatter|all_?reduce|broadcast|send|recv|all_to_all)")
+_FAMILY = {"allgather": "all_gather", "allreduce": "all_reduce"}
+_KERNEL_KIND = (("AllGather", "all_gather"), ("ReduceScatter", "reduce_scatter"), ("AllReduce", "all_reduce"),
+                ("Broadcast", "broadcast"), ("SendRecv", "send_recv"), ("Send", "send_recv"), ("Recv", "send_recv"),
+                ("AllToAll", "all_to_all"))
+WAITING = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_comms)")
+"""Host events inside which a training thread waits on communication, even within an aten operator
+(a DTensor operator all-reduces and waits inside its own span): not computation."""
+ITEMSIZE = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "short int": 2,
+            "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}
+"""Bytes per element of the dtypes the profiler names in `Input type`."""
+
+
+def _parse(text: str | None) -> list[Any]:
+    try:
+        value = ast.literal_eval(text) if text else []
+    except (ValueError, SyntaxError):
+        return []
+    return value if isinstance(value, list) else []
+
+
+def _bytes(dims: list[Any], types: list[Any], arg: int) -> float:
+    """Bytes of argument `arg` when it is one tensor of a known dtype, else NaN."""
+    if not 0 <= arg < min(len(dims), len(types)) or types[arg] not in ITEMSIZE:
+        return math.nan
+    shape = dims[arg]
+    if not isinstance(shape, list) or any(not isinstance(d, int) for d in shape):
+        return math.nan
+    return float(np.prod(shape, dtype=np.float64) * ITEMSIZE[types[arg]])
+
+
+def _host(trace: Trace) -> pd.DataFrame:
+    ev = trace.events
+    host = ev[(ev["stream"] < 0) & ev["cat"].isin(trace.codes(trace.cats, HOST_OPS))]
+    names = np.asarray(trace.names, dtype=object)
+    threads = np.asarray(trace.threads, dtype=object)
+    out = pd.DataFrame({"name": names[host["name"].to_numpy()], "thread": threads[host["thread"].to_numpy()],
+                        "ts": host["ts"].to_numpy(), "dur": host["dur"].to_numpy()})
+    lookup = np.append(names, None)  # code -1: no shapes recorded
+    out["dims"] = lookup[host["input_dims"].to_numpy()]
+    out["types"] = lookup[host["input_types"].to_numpy()]
+    return out.sort_values("ts", kind="stable", ignore_index=True)
+
+
+def _match(ops: pd.DataFrame, backend: pd.DataFrame) -> list[int]:
+    """For each operator (in time order), the index of its backend event in `backend`, or -1."""
+    queues: dict[str, list[int]] = defaultdict(list)
+    for i, family in enumerate(backend["family"]):
+        queues[family].append(i)
+    used = np.zeros(len(backend), dtype=bool)
+    ts, size = backend["ts"].to_numpy(), backend["bytes"].to_numpy()
+    matched = []
+    for op_ts, family, op_bytes in zip(ops["ts"], ops["family"], ops["bytes"], strict=True):
+        tries = [(family, None)] + ([("all_reduce", op_bytes)] if family == "reduce_scatter" else [])
+        found = -1
+        for queue, want in tries:
+            for i in queues.get(queue, ()):
+                if not used[i] and ts[i] >= op_ts and (want is None or size[i] == want):
+                    found = i
+                    break
+            if found >= 0:
+                break
+        if found >= 0:
+            used[found] = True
+        matched.append(found)
+    return matched
+
+
+def _spans(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    return intervals.merge(events["ts"].to_numpy(), (events["ts"] + events["dur"]).to_numpy())
+
+
+def _exposed(starts: np.ndarray, ends: np.ndarray, busy: tuple[np.ndarray, np.ndarray]) -> float:
+    """Time in the union of [starts, ends) that `busy` (merged intervals) does not cover."""
+    union = intervals.merge(starts, ends)
+    return intervals.length(*union) - intervals.overlap(union, busy)
+
+
+def _gpu_times(trace: Trace) -> dict[str, tuple[float, float]]:
+    """(time, exposed) in us by kind, from the NCCL kernels of the trace (HTA's window)."""
+    gpu = hta_window(trace).gpu
+    comm = gpu[gpu["kind"] == COMMUNICATION]
+    comp = gpu[gpu["kind"] == COMPUTATION]
+    busy = intervals.merge(comp["ts"].to_numpy(), comp["end"].to_numpy())
+    kinds = comm["name"].map(lambda n: next((k for key, k in _KERNEL_KIND if key in n), "send_recv"))
+    out = {}
+    for kind, part in comm.groupby(kinds):
+        s, e = part["ts"].to_numpy(), part["end"].to_numpy()
+        out[kind] = (intervals.length(*intervals.merge(s, e)), _exposed(s, e, busy))
+    return out
+
+
+def analyze(trace: Trace, steps: int) -> dict[str, Any]:
+    """{"backend", "step_s", "kinds": {kind: {calls, bytes, time_s, exposed_s}}}, per profiled step, or {}."""
+    if steps < 1:
+        return {}
+    host = _host(trace)
+    is_op = host["name"].isin(list(OPS))
+    if not is_op.any():
+        return {}
+    ops = host[is_op].copy()
+    ops["kind"], ops["family"], arg = zip(*ops["name"].map(OPS), strict=True)
+    ops["bytes"] = [_bytes(_parse(d), _parse(t), a) for d, t, a in zip(ops["dims"], ops["types"], arg, strict=True)]
+    found = host["name"].str.extract(_BACKEND)
+    backend = host[found[0].notna()].copy()
+    backend["family"] = found[1].dropna().map(lambda f: _FAMILY.get(f, f))
+    backend["bytes"] = [_bytes(_parse(d), _parse(t), 0) for d, t in zip(backend["dims"], backend["types"], strict=True)]
+    matched = np.asarray(_match(ops, backend), dtype=np.int64)
+    has = matched >= 0
+    from_backend = ops["bytes"].isna().to_numpy() & has
+    ops.loc[from_backend, "bytes"] = backend["bytes"].to_numpy()[matched[from_backend]]
+    name = found[0].dropna().iloc[0] if len(backend) else ("nccl" if (trace.events["stream"] >= 0).any() else "")
+    kinds: dict[str, dict[str, float]] = {}
+    gpu = _gpu_times(trace) if name == "nccl" else {}
+    for kind in set(gpu) - set(ops["kind"]):  # kernels of operators outside the window, or all-to-all's SendRecv
+        kinds[kind] = {"calls": math.nan, "bytes": math.nan, "time_s": gpu[kind][0] / 1e6 / steps,
+                       "exposed_s": gpu[kind][1] / 1e6 / steps}
+    training = host[~host["thread"].isin(set(backend["thread"]))]
+    busy = intervals.difference(_spans(training[training["name"].str.startswith("aten::")]),
+                                _spans(training[training["name"].str.match(WAITING)]))
+    for kind, part in ops.groupby("kind", sort=False):
+        if name == "nccl":
+            time_us, exposed_us = gpu.get(kind, (math.nan, math.nan))
+        else:
+            own = backend.iloc[matched[(ops["kind"] == kind).to_numpy() & has]]
+            s, e = own["ts"].to_numpy(), (own["ts"] + own["dur"]).to_numpy()
+            time_us = intervals.length(*intervals.merge(s, e)) if len(own) else math.nan
+            exposed_us = _exposed(s, e, busy) if len(own) else math.nan
+        kinds[kind] = {"calls": len(part) / steps, "bytes": float(part["bytes"].sum(min_count=1)) / steps,
+                       "time_s": time_us / 1e6 / steps, "exposed_s": exposed_us / 1e6 / steps}
+    step_us = host.loc[host["name"].str.startswith("ProfilerStep#"), "dur"]
+    return {"backend": name, "step_s": float(step_us.mean()) / 1e6 if len(step_us) else math.nan,
+            "kinds": {k: kinds[k] for k in KINDS if k in kinds}}

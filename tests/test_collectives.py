@@ -1,0 +1,98 @@
+"""Communication by collective: the traces of real fsdp, tp and pp runs on 2 gloo ranks give each kind's
+calls, payload bytes, time and exposed time; the bytes are what `glmperf plan` computes, and a pipeline's
+wait for its neighbour is found and answered with more micro-batches. NCCL traces: time from the kernels."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.diagnosis_scenarios import Scenario, run
+from profiler.analysis import load_run
+from profiler.config import build_run_config
+from profiler.plan import plan
+from profiler.traces.collectives import KINDS, analyze
+from profiler.traces.reader import read_trace
+from profiler.traces.steps import step_rows
+from reports.report_run import run_report
+from tests.test_report_pages import Page, values
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+LAYOUTS = {"fsdp": "switches.parallel.fsdp=2", "tp": "switches.parallel.tp=2", "pp": "switches.parallel.pp=2"}
+PLANNED = {"all_gather", "reduce_scatter", "all_reduce", "send_recv"}
+"""The kinds `glmperf plan` counts (a loss broadcast or a gradient-norm all-reduce of a few bytes it leaves out)."""
+
+
+@pytest.fixture(scope="module")
+def runs_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    dirs = {name: tmp_path_factory.mktemp(name) for name in LAYOUTS}
+    for name, setting in LAYOUTS.items():
+        run(Scenario(name, "", "tiny", (setting,), nproc=2), dirs[name], steps=8)
+    return {name: next(p for p in d.iterdir() if (p / "run.json").exists()) for name, d in dirs.items()}
+
+
+@pytest.fixture(scope="module")
+def records(runs_dirs: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    return {name: json.loads((path / "run.json").read_text()) for name, path in runs_dirs.items()}
+
+
+def _collectives(record: dict[str, Any]) -> list[dict[str, Any]]:
+    ranks = record["summary"]["trace"]["ranks"]
+    assert sorted(ranks) == ["0", "1"]
+    return [ranks[r]["collectives"] for r in ("0", "1")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_each_ranks_collective_bytes_are_what_plan_computes(records: dict, layout: str) -> None:
+    record = records[layout]
+    planned = plan(build_run_config(record["config"]), 2).comm_bytes_per_step
+    for measured in _collectives(record):
+        assert measured["backend"] == "gloo"
+        kinds = measured["kinds"]
+        total = sum(k["bytes"] for k in kinds.values())
+        for kind in PLANNED:
+            if planned[kind]:
+                assert kinds[kind]["bytes"] == pytest.approx(planned[kind], rel=0.10), kind
+            else:  # what plan leaves out is a few bytes: a loss, a gradient norm
+                assert kinds.get(kind, {"bytes": 0.0})["bytes"] < 0.01 * total, kind
+        for kind, figures in kinds.items():
+            assert kind in KINDS and figures["calls"] > 0
+            assert 0 <= figures["exposed_s"] <= figures["time_s"] + 1e-9 < measured["step_s"], kind
+
+
+@pytest.mark.slow
+def test_a_pipelines_wait_for_its_neighbour_is_exposed_send_recv_answered_with_more_microbatches(
+        records: dict) -> None:
+    diagnosis = records["pp"]["diagnosis"]
+    figures = diagnosis["figures"]
+    (comm,) = [b for b in diagnosis["bottlenecks"] if b["kind"] == "comm_bound"]
+    kinds = {k: figures[f"comm_exposed.{k}"]["value"] for k in KINDS if f"comm_exposed.{k}" in figures}
+    assert max(kinds, key=kinds.get) == "send_recv"  # 2 stages, 2 micro-batches: a third of the schedule idle
+    assert comm["message"].startswith(f"{comm['evidence']['comm_exposed']['value']:.1f}% of the step waits on "
+                                      "communication: send_recv")
+    (more,) = [r for r in diagnosis["recommendations"] if "switches.parallel.microbatches" in r["set"]]
+    assert more["set"] == {"switches.parallel.microbatches": 4}  # twice the default (as many as stages)
+    assert more["expected"]["tokens_per_s"]["high"] > 0
+
+
+@pytest.mark.slow
+def test_the_report_shows_each_ranks_collectives(runs_dirs: dict[str, Path], records: dict) -> None:
+    bars = Page(run_report(load_run(runs_dirs["pp"]))).sections["communication-by-collective"]["specs"][0]["data"]
+    assert [b["name"] for b in bars] == ["time, rank 0", "exposed, rank 0", "time, rank 1", "exposed, rank 1"]
+    kinds = records["pp"]["summary"]["trace"]["ranks"]["1"]["collectives"]["kinds"]
+    assert values(bars[3]["y"]) == list(kinds)
+    assert values(bars[3]["x"]) == pytest.approx([1e3 * k["exposed_s"] for k in kinds.values()])
+
+
+def test_nccl_collectives_take_their_time_from_the_kernels() -> None:
+    """A100 DDP trace recorded without shapes: calls and time by kind, bytes unknown."""
+    trace = read_trace(SHARED / "a100_2rank_nccl" / "rank-0.json.gz")
+    found = analyze(trace, len(step_rows(trace, 0)))
+    assert found["backend"] == "nccl" and set(found["kinds"]) == {"all_reduce", "broadcast"}
+    reduce = found["kinds"]["all_reduce"]
+    assert reduce["calls"] == 5 and reduce["bytes"] != reduce["bytes"]  # NaN: no Input Dims in this trace
+    assert 0 < reduce["exposed_s"] <= reduce["time_s"] < found["step_s"]
