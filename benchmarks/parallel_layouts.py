@@ -2,11 +2,13 @@
 
     python -m benchmarks.parallel_layouts [--quick] [--steps N]
 
-Measured, per layout of tiny and small on 2 and 4 ranks (`profile-run --nproc N`, untraced):
-tokens/s of the whole run (each token once: ranks sharing a batch count their share), the bytes of
-parameters, gradients and optimizer state a rank holds (run.json `ranks[].held_bytes`, the largest
-rank), the process's peak RSS, DDP's gradient all-reduce bytes per step as its comm instrument
-records them, and `glmperf plan`'s figures for the same config beside them. Planned, for glm-1.5b
+Measured, per layout of tiny and small on 2 and 4 ranks (`profile-run --nproc N`): tokens/s of the
+steps outside the profiler's window (each token once: ranks sharing a batch count their share), the
+bytes of parameters, gradients and optimizer state a rank holds (run.json `ranks[].held_bytes`, the
+largest rank), the process's peak RSS, the collectives' payload bytes per step and the exposed share
+of the step as the traces show them (summary.trace.ranks.*.collectives, the largest rank; for a
+pipeline the exposed send/recv as a share of its schedule, next to the bubble (p-1)/(m+p-1)), and
+`glmperf plan`'s figures for the same config beside them. Planned, for glm-1.5b
 and glm4-9b on 8 H200s per layout: the per-rank bytes, whether they fit, communication per step and
 the pipeline bubble. Writes benchmarks/results/parallel_layouts.{md,json}.
 """
@@ -35,6 +37,8 @@ MEASURED = [  # (preset, nproc, label, overrides)
     ("tiny", 4, "fsdp=4", ["switches.parallel.fsdp=4"]),
     ("tiny", 4, "fsdp=2 x tp=2", ["switches.parallel.fsdp=2", "switches.parallel.tp=2"]),
     ("tiny", 2, "pp=2 (1f1b, 2 micro-batches)", ["switches.parallel.pp=2", "switches.parallel.microbatches=2"]),
+    ("tiny", 2, "pp=2 (1f1b, 4 micro-batches)", ["switches.parallel.pp=2", "switches.parallel.microbatches=4"]),
+    ("tiny", 2, "pp=2 (1f1b, 8 micro-batches)", ["switches.parallel.pp=2", "switches.parallel.microbatches=8"]),
     ("tiny", 2, "pp=2 (gpipe, 4 micro-batches)", ["switches.parallel.pp=2", "switches.parallel.microbatches=4",
                                                   "switches.parallel.schedule=gpipe"]),
     ("small", 2, "DDP", []),
@@ -68,23 +72,26 @@ def _gb(n: float) -> str:
 
 
 def measure(preset: str, nproc: int, overrides: list[str], steps: int, runs_dir: Path) -> dict[str, Any]:
-    base = [f"train.steps={steps}", "profile.trace=false", "profile.warmup_steps=2"]
+    base = [f"train.steps={steps}", "profile.warmup_steps=2"]
     cfg = load_config(preset=preset, overrides=base + overrides, nproc=nproc)
     run_dir = profile_run(cfg, runs_dir=runs_dir, nproc=nproc, progress=False)
     record = store.read_run(run_dir)
     if record["status"] != "completed":
         raise RuntimeError(f"{preset} {overrides} on {nproc} ranks: {record['status']}: {record.get('error')}")
     held = [r["held_bytes"] for r in record["ranks"]]
-    steps_table = store.read_table(run_dir, "steps")
-    counted = steps_table[steps_table["step"] >= 2]
-    # DDP's comm hook records its all-reduces; the sharded layouts' collectives are not recorded
-    comm = counted.groupby("step")["comm_bytes"].max().median() if not cfg.switches.parallel.model_parallel > 1 \
-        else None
-    planned = plan(cfg, nproc).per_rank_bytes
+    ranks = [r["collectives"] for r in record["summary"]["trace"]["ranks"].values() if r.get("collectives")]
+    figures = {name: f["value"] for name, f in record["diagnosis"]["figures"].items()}
+    par = cfg.switches.parallel
+    m = par.pipeline_microbatches
+    p = plan(cfg, nproc)
     return {"tokens_per_s": record["summary"]["tokens_per_s"],
             "held": {part: max(h[part] for h in held) for part in ("params", "grads", "optimizer")},
-            "peak_rss": record["summary"]["peak_memory_bytes"], "ddp_allreduce_bytes": comm,
-            "planned": planned, "planned_comm": plan(cfg, nproc).comm_bytes_per_step["total"]}
+            "peak_rss": record["summary"]["peak_memory_bytes"],
+            "comm_bytes": max(sum(k["bytes"] for k in r["kinds"].values()) for r in ranks) if ranks else None,
+            "comm_exposed": figures.get("comm_exposed"),
+            "pipeline_wait": figures["comm_exposed.send_recv"] / figures["share.forward"] if par.pp > 1 else None,
+            "bubble": (par.pp - 1) / (m + par.pp - 1) if par.pp > 1 else None,
+            "planned": p.per_rank_bytes, "planned_comm": p.comm_bytes_per_step["total"]}
 
 
 def measured_section(steps: int) -> tuple[str, list[dict[str, Any]]]:
@@ -103,11 +110,12 @@ def measured_section(steps: int) -> tuple[str, list[dict[str, Any]]]:
                          fmt(states / sum(base["held"].values()), ".3f"),
                          f"{_mb(m['planned']['params'] + m['planned']['grads'] + m['planned']['optimizer'])}",
                          _mb(m["planned"]["activations"]), _mb(m["peak_rss"]),
-                         "not recorded" if m["ddp_allreduce_bytes"] is None else _mb(m["ddp_allreduce_bytes"]),
-                         _mb(m["planned_comm"])])
+                         _mb(m["comm_bytes"]), _mb(m["planned_comm"]), fmt(m["comm_exposed"], ".1f"),
+                         "" if m["bubble"] is None else f"{100 * m['pipeline_wait']:.0f} / {100 * m['bubble']:.0f}"])
     text = table(["config", "layout", "tokens/s", "x DDP", "params held (MiB)", "grads held (MiB)",
                   "optimizer held (MiB)", "states x DDP", "plan: states (MiB)", "plan: activations (MiB)",
-                  "peak RSS (MiB)", "measured all-reduce/step (MiB)", "plan: comm/step (MiB)"], rows)
+                  "peak RSS (MiB)", "comm/step (MiB)", "plan: comm/step (MiB)", "exposed comm (% of step)",
+                  "pipeline: exposed send/recv / bubble (% of schedule)"], rows)
     return text, records
 
 
@@ -136,12 +144,14 @@ def planned_section() -> tuple[str, list[dict[str, Any]]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 steps per run: checks that the script runs")
-    parser.add_argument("--steps", type=int, help="steps per measured run (default 10)")
+    parser.add_argument("--steps", type=int, help="steps per measured run (default 14: 9 outside the tiny "
+                                                  "preset's profiler window)")
     args = parser.parse_args()
-    steps = args.steps or (3 if args.quick else 10)
+    steps = args.steps or (6 if args.quick else 14)
     planned_text, planned = planned_section()
     measured_text, measured = measured_section(steps)
-    mode = "QUICK (do not quote)" if args.quick else f"full ({steps} steps a run, the first 2 not counted)"
+    mode = "QUICK (do not quote)" if args.quick else (f"full ({steps} steps a run; tokens/s leaves out the first 2 "
+                                                       "and the profiler window's)")
     text = (header("Parallel layouts: measured on CPU next to DDP, planned for 8 GPUs") + f"- mode: {mode}\n\n"
             "### Measured: torchrun over gloo on this CPU\n\n" + measured_text +
             "\n### Planned: `glmperf plan --preset P --nproc 8 --gpu h200 --set ...` (the preset's shipped config: "

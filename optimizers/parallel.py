@@ -257,7 +257,7 @@ OPTIMIZATION = Optimization(
                        "unsharded by the end of forward (`glmperf plan` computes the new per-rank bytes)"),
         Candidate(set={"switches.parallel.microbatches": Derived(
                       ("switches.parallel.microbatches", "switches.parallel.pp"), lambda m, pp: 2 * (m or pp))},
-                  applies=lambda c: c.pp > 1,
+                  applies=lambda c: c.pp > 1, requires=(Capability.NOT_HOST_BOUND,),
                   effects=(Effect("forward", "shrinks", 0.2, 0.5, scales_with="send_recv_exposed",
                                   basis="a stage idles (p-1)/(m+p-1) of the schedule; twice the micro-batches "
                                         "cut that by 1 - (m+p-1)/(2m+p-1): 36% (p=m=4) to 47% (p=2, m=8), "

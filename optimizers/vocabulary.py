@@ -78,6 +78,8 @@ class Capability(_Described):
     SEVERAL_RANKS = ("several_ranks", "the run has more than one rank (torchrun, --nproc N)")
     SPARE_CORES = ("spare_cores", "free CPU cores beyond the training process's threads, for loader workers")
     COMPILER = ("compiler", "the toolchain Inductor needs: a C++ compiler on CPU, triton on CUDA")
+    NOT_HOST_BOUND = ("not_host_bound", "the step is not host bound: smaller pieces of work per call would not "
+                                        "turn it into framework overhead")
 
 
 class StepPhase(_Described):

@@ -136,7 +136,7 @@ def _comm_message(f: Figures) -> str:
             f"({v(f, 'comm_mib_per_step'):.2f} MiB a step, {v(f, 'comm_overlap'):.0f}% overlapped)")
 
 
-def _host_bound(f: Figures) -> float:
+def host_bound(f: Figures) -> float:
     """CUDA: the idle share of the step that waiting for data does not explain; CPU: the share of
     forward, backward and optimizer in operator calls under 10 us."""
     if known(f, "gpu_idle", "host_wait"):  # traces: the idle time spent waiting for the host's launches
@@ -186,7 +186,7 @@ RULES: tuple[Rule, ...] = (
          lambda f: f"steps wait {v(f, 'data_wait_ms'):.1f} ms for data: {v(f, 'data_wait'):.1f}% of the step"),
     Rule(Bottleneck.HOST_BOUND, f"CPU: >= {TINY_OPS:g}% of operator time in calls under 10 us; CUDA: the GPU "
          f"runs kernels < {DEVICE_BUSY:g}% of the step",
-         ("tiny_op_share", "op_calls_per_step", "share.forward", "share.backward", "share.optimizer"), _host_bound,
+         ("tiny_op_share", "op_calls_per_step", "share.forward", "share.backward", "share.optimizer"), host_bound,
          _host_message,
          also=("device_busy", "data_wait", "gpu_idle", "host_wait", "launch_delay", "short_kernels")),
     Rule(Bottleneck.COMM_BOUND, f"exposed communication > {COMM_SHARE:g}% of the step", ("comm_exposed",),

@@ -33,7 +33,7 @@ from profiler.analysis import analyze
 from profiler.analysis.figures import Figures, known
 from profiler.analysis.loader import RunData
 from profiler.config import build_run_config, load_config, override_texts
-from profiler.diagnose import LOW_PRECISION_SPEEDUP, diagnose, v
+from profiler.diagnose import LOW_PRECISION_SPEEDUP, diagnose, host_bound, v
 from profiler.metrics import PHASE_NAMES, lookup
 
 SPEEDUP_FIGURES = {"bf16_matmul_speedup": "bf16_speedup", "fp16_matmul_speedup": "fp16_speedup"}
@@ -59,6 +59,7 @@ def capabilities(run: RunData, figures: Figures) -> dict[Capability, tuple[bool,
         Capability.SEVERAL_RANKS: (run.world_size > 1, f"{run.world_size} rank(s)"),
         Capability.SPARE_CORES: (not (demand >= cores), f"{demand:.0f} threads and workers on {cores:.0f} cores"),
         Capability.COMPILER: (True, "checked by the compile switch's own config check"),
+        Capability.NOT_HOST_BOUND: (not host_bound(figures) > 0, f"host_bound severity {host_bound(figures):.2f}"),
     }
 
 
