@@ -30,7 +30,7 @@ import pandas as pd
 from profiler.traces import intervals
 from profiler.traces.ops import HOST_OPS
 from profiler.traces.reader import Trace
-from profiler.traces.window import COMMUNICATION, COMPUTATION, hta_window
+from profiler.traces.window import COMMUNICATION, COMPUTATION, Window, hta_window
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "send_recv", "all_to_all")
 OPS: dict[str, tuple[str, str, int]] = {
@@ -81,39 +81,62 @@ def _bytes(dims: list[Any], types: list[Any], arg: int) -> float:
     return float(np.prod(shape, dtype=np.float64) * ITEMSIZE[types[arg]])
 
 
+OTHER, OP, BACKEND, WAIT, ATEN, STEP = range(6)
+"""What a host event is to this analysis, from its name."""
+
+
+def _role(name: str) -> int:
+    if name in OPS:
+        return OP
+    if _BACKEND.match(name):
+        return BACKEND
+    if WAITING.match(name):
+        return WAIT
+    return ATEN if name.startswith("aten::") else STEP if name.startswith("ProfilerStep#") else OTHER
+
+
 def _host(trace: Trace) -> pd.DataFrame:
+    """The host events this analysis reads, by `role`, in time order; the names, shapes and dtypes only of
+    the collective operators and backend events (classified by name code: a trace has millions of events
+    and a few thousand names)."""
     ev = trace.events
-    host = ev[(ev["stream"] < 0) & ev["cat"].isin(trace.codes(trace.cats, HOST_OPS))]
-    names = np.asarray(trace.names, dtype=object)
-    threads = np.asarray(trace.threads, dtype=object)
-    out = pd.DataFrame({"name": names[host["name"].to_numpy()], "thread": threads[host["thread"].to_numpy()],
-                        "ts": host["ts"].to_numpy(), "dur": host["dur"].to_numpy()})
-    lookup = np.append(names, None)  # code -1: no shapes recorded
-    out["dims"] = lookup[host["input_dims"].to_numpy()]
-    out["types"] = lookup[host["input_types"].to_numpy()]
+    roles = np.array([_role(n) for n in trace.names] + [OTHER], dtype=np.int8)  # code -1: the last
+    role = roles[ev["name"].to_numpy()]
+    keep = (ev["stream"].to_numpy() < 0) & ev["cat"].isin(trace.codes(trace.cats, HOST_OPS)).to_numpy() & (role > 0)
+    host = ev.loc[keep, ["name", "thread", "ts", "dur", "input_dims", "input_types"]]
+    out = pd.DataFrame({"role": role[keep], "thread": host["thread"].to_numpy(), "ts": host["ts"].to_numpy(),
+                        "dur": host["dur"].to_numpy()})
+    named = np.isin(out["role"].to_numpy(), (OP, BACKEND))
+    lookup = np.append(np.asarray(trace.names, dtype=object), None)
+    for column, source in (("name", "name"), ("dims", "input_dims"), ("types", "input_types")):
+        values = np.full(len(out), None, dtype=object)
+        values[named] = lookup[host[source].to_numpy()[named]]
+        out[column] = values
     return out.sort_values("ts", kind="stable", ignore_index=True)
 
 
-def _match(ops: pd.DataFrame, backend: pd.DataFrame) -> list[int]:
-    """For each operator (in time order), the index of its backend event in `backend`, or -1."""
+def _match(ops: pd.DataFrame, backend: pd.DataFrame, lookahead: int = 64) -> list[int]:
+    """For each operator (in time order), the index of its backend event in `backend`, or -1: the first
+    unused one of its family that starts after it (an event that starts before an operator can belong to
+    no later one either), or for a reduce-scatter the first all-reduce of its size within `lookahead`."""
     queues: dict[str, list[int]] = defaultdict(list)
     for i, family in enumerate(backend["family"]):
         queues[family].append(i)
+    heads: dict[str, int] = defaultdict(int)
     used = np.zeros(len(backend), dtype=bool)
     ts, size = backend["ts"].to_numpy(), backend["bytes"].to_numpy()
     matched = []
     for op_ts, family, op_bytes in zip(ops["ts"], ops["family"], ops["bytes"], strict=True):
-        tries = [(family, None)] + ([("all_reduce", op_bytes)] if family == "reduce_scatter" else [])
         found = -1
-        for queue, want in tries:
-            for i in queues.get(queue, ()):
-                if not used[i] and ts[i] >= op_ts and (want is None or size[i] == want):
-                    found = i
-                    break
+        for queue, want in [(family, None)] + ([("all_reduce", op_bytes)] if family == "reduce_scatter" else []):
+            events = queues.get(queue, [])
+            while heads[queue] < len(events) and (used[events[heads[queue]]] or ts[events[heads[queue]]] < op_ts):
+                heads[queue] += 1
+            window = events[heads[queue]:heads[queue] + (1 if want is None else lookahead)]
+            found = next((i for i in window if not used[i] and (want is None or size[i] == want)), -1)
             if found >= 0:
+                used[found] = True
                 break
-        if found >= 0:
-            used[found] = True
         matched.append(found)
     return matched
 
@@ -128,9 +151,9 @@ def _exposed(starts: np.ndarray, ends: np.ndarray, busy: tuple[np.ndarray, np.nd
     return intervals.length(*union) - intervals.overlap(union, busy)
 
 
-def _gpu_times(trace: Trace) -> dict[str, tuple[float, float]]:
+def _gpu_times(window: Window) -> dict[str, tuple[float, float]]:
     """(time, exposed) in us by kind, from the NCCL kernels of the trace (HTA's window)."""
-    gpu = hta_window(trace).gpu
+    gpu = window.gpu
     comm = gpu[gpu["kind"] == COMMUNICATION]
     comp = gpu[gpu["kind"] == COMPUTATION]
     busy = intervals.merge(comp["ts"].to_numpy(), comp["end"].to_numpy())
@@ -142,34 +165,34 @@ def _gpu_times(trace: Trace) -> dict[str, tuple[float, float]]:
     return out
 
 
-def analyze(trace: Trace, steps: int) -> dict[str, Any]:
-    """{"backend", "step_s", "kinds": {kind: {calls, bytes, time_s, exposed_s}}}, per profiled step, or {}."""
+def analyze(trace: Trace, steps: int, window: Window | None = None) -> dict[str, Any]:
+    """{"backend", "step_s", "kinds": {kind: {calls, bytes, time_s, exposed_s}}}, per profiled step, or {};
+    `window` is the trace's HTA window when the caller has it already."""
     if steps < 1:
         return {}
-    host = _host(trace)
-    is_op = host["name"].isin(list(OPS))
-    if not is_op.any():
+    if not set(OPS) & set(trace.names):
         return {}
-    ops = host[is_op].copy()
+    host = _host(trace)
+    ops = host[host["role"] == OP].copy()
     ops["kind"], ops["family"], arg = zip(*ops["name"].map(OPS), strict=True)
     ops["bytes"] = [_bytes(_parse(d), _parse(t), a) for d, t, a in zip(ops["dims"], ops["types"], arg, strict=True)]
-    found = host["name"].str.extract(_BACKEND)
-    backend = host[found[0].notna()].copy()
-    backend["family"] = found[1].dropna().map(lambda f: _FAMILY.get(f, f))
+    backend = host[host["role"] == BACKEND].copy()
+    found = backend["name"].str.extract(_BACKEND)
+    backend["family"] = found[1].map(lambda f: _FAMILY.get(f, f))
     backend["bytes"] = [_bytes(_parse(d), _parse(t), 0) for d, t in zip(backend["dims"], backend["types"], strict=True)]
     matched = np.asarray(_match(ops, backend), dtype=np.int64)
     has = matched >= 0
     from_backend = ops["bytes"].isna().to_numpy() & has
     ops.loc[from_backend, "bytes"] = backend["bytes"].to_numpy()[matched[from_backend]]
-    name = found[0].dropna().iloc[0] if len(backend) else ("nccl" if (trace.events["stream"] >= 0).any() else "")
+    name = found[0].iloc[0] if len(backend) else ("nccl" if (trace.events["stream"] >= 0).any() else "")
     kinds: dict[str, dict[str, float]] = {}
-    gpu = _gpu_times(trace) if name == "nccl" else {}
+    gpu = _gpu_times(window or hta_window(trace)) if name == "nccl" else {}
     for kind in set(gpu) - set(ops["kind"]):  # kernels of operators outside the window, or all-to-all's SendRecv
         kinds[kind] = {"calls": math.nan, "bytes": math.nan, "time_s": gpu[kind][0] / 1e6 / steps,
                        "exposed_s": gpu[kind][1] / 1e6 / steps}
     training = host[~host["thread"].isin(set(backend["thread"]))]
-    busy = intervals.difference(_spans(training[training["name"].str.startswith("aten::")]),
-                                _spans(training[training["name"].str.match(WAITING)]))
+    busy = intervals.difference(_spans(training[training["role"] == ATEN]),
+                                _spans(training[training["role"].isin((OP, WAIT))]))
     for kind, part in ops.groupby("kind", sort=False):
         if name == "nccl":
             time_us, exposed_us = gpu.get(kind, (math.nan, math.nan))
@@ -180,6 +203,6 @@ def analyze(trace: Trace, steps: int) -> dict[str, Any]:
             exposed_us = _exposed(s, e, busy) if len(own) else math.nan
         kinds[kind] = {"calls": len(part) / steps, "bytes": float(part["bytes"].sum(min_count=1)) / steps,
                        "time_s": time_us / 1e6 / steps, "exposed_s": exposed_us / 1e6 / steps}
-    step_us = host.loc[host["name"].str.startswith("ProfilerStep#"), "dur"]
+    step_us = host.loc[host["role"] == STEP, "dur"]
     return {"backend": name, "step_s": float(step_us.mean()) / 1e6 if len(step_us) else math.nan,
             "kinds": {k: kinds[k] for k in KINDS if k in kinds}}

@@ -71,7 +71,7 @@ def analyze_rank(trace: Trace, rank: int) -> tuple[dict[str, Any], dict[str, pd.
         figures.update(comm_overlap.analyze(window))
         figures["idle"] = idle.analyze(window)
         figures.update(launches.analyze(window))
-    if comm := collectives.analyze(trace, n_steps):
+    if comm := collectives.analyze(trace, n_steps, window):
         figures["collectives"] = comm
     tables = {"steps": steps, "ops": op_rows(trace, rank, n_steps), "kernels": kernel_rows(trace, rank, n_steps)}
     return figures, tables

@@ -28,6 +28,8 @@ import pandas as pd
 
 BLOCK_BYTES = 16 * 2**20
 """Decompressed bytes parsed at a time: big enough that per-block costs vanish, small enough to bound memory."""
+TYPED = ("c10d::", "gloo:", "nccl:")
+"""Events whose `Input type` is kept: the process group's operators and the backends' (dtypes give their bytes)."""
 HEADER_LIMIT = 64 * 2**20
 """Bytes before `"traceEvents"` beyond which a file is not a trace (its header is a few KB)."""
 
@@ -45,7 +47,8 @@ class Trace:
     events: pd.DataFrame
     """Columns: `cat`, `name`, `thread` (codes into `cats`, `names`, `threads`), `pid`, `ts`, `dur` (us,
     as in the file), `stream` (-1 off the GPU), `correlation`, `external_id` (-1 when absent),
-    `input_dims`, `input_types` (codes into `names`, -1 when absent), `flops` (NaN when absent)."""
+    `input_dims`, `input_types` (codes into `names`, -1 when absent; types kept on collective events only,
+    their one reader: profiler.traces.collectives), `flops` (NaN when absent)."""
     names: list[str]
     cats: list[str]
     threads: list[str]
@@ -104,7 +107,8 @@ def _records(events: list[Any]) -> dict[str, list[Any]]:
             "stream": [a.stream for a in args], "correlation": [a.correlation for a in args],
             "external_id": [a.external_id for a in args],
             "input_dims": [bytes(a.input_dims) for a in args],
-            "input_types": [bytes(a.input_types) for a in args],
+            "input_types": [bytes(a.input_types) if e.name.startswith(TYPED) else b"null"
+                            for e, a in zip(xs, args, strict=True)],
             "flops": [a.flops for a in args]}
 
 
@@ -126,7 +130,8 @@ def _dicts(events: Iterable[Any]) -> dict[str, list[Any]]:
             "correlation": [_int(a.get("correlation", -1)) for a in args],
             "external_id": [_int(a.get("External id", -1)) for a in args],
             "input_dims": [None if d is None else str(d) for d in dims],
-            "input_types": [None if t is None else str(t) for t in types],
+            "input_types": [None if t is None or not str(e.get("name", "")).startswith(TYPED) else str(t)
+                            for e, t in zip(xs, types, strict=True)],
             "flops": [f if isinstance(f, (int, float)) else None for f in (a.get("flops") for a in args)]}
 
 
