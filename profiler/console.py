@@ -70,12 +70,25 @@ def print_summary(record: Mapping[str, Any], summary: Mapping[str, Any], status:
                   out: TextIO) -> None:
     """The run's table, its notes, and where its files are."""
     print_table(summary_rows(record, summary, status), out, title=f"run {record.get('id')}")
+    print_collectives((summary.get("trace") or {}).get("ranks") or {}, out)
     for note in summary.get("notes", []):
         print(f"  note: {note}", file=out)
     print(f"run:    {path}", file=out)
     report = store.report_path(Path(path))
     if report is not None:
         print(f"report: {report}", file=out)
+
+
+def print_collectives(ranks: Mapping[str, Mapping[str, Any]], out: TextIO) -> None:
+    """Each rank's collectives a profiled step (from its trace): calls, payload, time and exposed time."""
+    rows = [(rank, kind, k) for rank, f in sorted(ranks.items(), key=lambda item: int(item[0]))
+            for kind, k in ((f.get("collectives") or {}).get("kinds") or {}).items()]
+    if not rows:
+        return
+    print(f"  {'collectives a profiled step':<34} {'calls':>7} {'MiB':>9} {'time ms':>9} {'exposed ms':>11}", file=out)
+    for rank, kind, k in rows:
+        print(f"  {'rank ' + rank + ' ' + kind:<34} {fmt(k['calls'], 1):>7} {fmt(k['bytes'] / 2**20, 3):>9} "
+              f"{fmt(1e3 * k['time_s'], 2):>9} {fmt(1e3 * k['exposed_s'], 2):>11}", file=out)
 
 
 def print_runs(runs: list[dict[str, Any]], out: TextIO) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks.diagnosis_scenarios import Scenario, run
 from profiler.analysis import load_run
+from profiler.cli import main
 from profiler.config import build_run_config
 from profiler.plan import plan
 from profiler.traces.collectives import KINDS, analyze
@@ -90,6 +91,16 @@ def test_the_report_shows_each_ranks_collectives(runs_dirs: dict[str, Path], rec
     kinds = records["pp"]["summary"]["trace"]["ranks"]["1"]["collectives"]["kinds"]
     assert values(bars[3]["y"]) == list(kinds)
     assert values(bars[3]["x"]) == pytest.approx([1e3 * k["exposed_s"] for k in kinds.values()])
+
+
+@pytest.mark.slow
+def test_show_prints_each_ranks_collectives(runs_dirs: dict[str, Path], records: dict,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["show", str(runs_dirs["fsdp"])]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    kinds = records["fsdp"]["summary"]["trace"]["ranks"]["1"]["collectives"]["kinds"]
+    (gather,) = [line.split() for line in lines if line.split()[:3] == ["rank", "1", "all_gather"]]
+    assert float(gather[4]) == pytest.approx(kinds["all_gather"]["bytes"] / 2**20, abs=1e-3)
 
 
 def test_nccl_collectives_take_their_time_from_the_kernels() -> None:

@@ -174,6 +174,8 @@ def analyze(trace: Trace, steps: int, window: Window | None = None) -> dict[str,
         return {}
     host = _host(trace)
     ops = host[host["role"] == OP].copy()
+    if ops.empty:  # the names occur, but not on host operators
+        return {}
     ops["kind"], ops["family"], arg = zip(*ops["name"].map(OPS), strict=True)
     ops["bytes"] = [_bytes(_parse(d), _parse(t), a) for d, t, a in zip(ops["dims"], ops["types"], arg, strict=True)]
     backend = host[host["role"] == BACKEND].copy()
