@@ -229,8 +229,8 @@ def finalize(run_dir: Path, *, launcher_error: str | None = None) -> dict[str, A
     try:  # advice is a reading of what was measured: it must never cost the run its record
         store.update_run(run_dir, shape_speedup=shape_speedup(run))
         # the GPU's idle, overlap and launch figures as import reads them, and every rank's collectives
-        if run_device(run.record).type == "cuda" or run.world_size > 1:
-            store.update_run(run_dir, summary={**summary, "trace": trace_summary(run_dir)})
+        if (run_device(run.record).type == "cuda" or run.world_size > 1) and (traced := trace_summary(run_dir)):
+            store.update_run(run_dir, summary={**summary, "trace": traced})
         diagnosis = advise(load_run(run_dir))
     except Exception as exc:
         diagnosis = {"error": f"{type(exc).__name__}: {exc}"}
