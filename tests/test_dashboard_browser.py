@@ -38,14 +38,15 @@ def chromium(url: str, *args: str) -> str:
     return done.stdout
 
 
-def rendered(url: str, tries: int = 10) -> str:
-    """The page's DOM once its script run finished. Chromium's virtual time gives a page little real
-    time, and a page whose data is not cached yet takes longer than that to compute: the first load
-    of each page computes it, a later one renders it from the cache. A server still importing (a
-    fresh checkout compiles every module first) answers with only placeholders: no heading yet."""
+def rendered(url: str, expected: list[str], tries: int = 10) -> str:
+    """The page's DOM once its script run finished and it shows the `expected` texts. Chromium's
+    virtual time gives a page little real time, and a page whose data is not cached yet takes longer
+    than that to compute: the first load of each page computes it, a later one renders it from the
+    cache. A server still importing (a fresh checkout compiles every module first) answers with only
+    placeholders: no heading yet; a busy machine can leave the runs table's cells unfilled."""
     for _ in range(tries):
         dom = chromium(url, "--dump-dom")
-        if RUNNING not in dom and "<h1" in dom:
+        if RUNNING not in dom and "<h1" in dom and all(text in dom for text in expected):
             return dom
     return dom
 
@@ -86,7 +87,7 @@ def test_every_page_renders_in_chromium(dashboard: tuple[str, list[str]], tmp_pa
              "compare": (f"{url}/compare?base={done}&cand={two}", "Compare", [done, two, "Verdict:"]),
              "recommend": (f"{url}/recommend?run={done}", "Recommend", [done, "Verify by rerunning"])}
     for name, (address, heading, expected) in pages.items():
-        dom = rendered(address)
+        dom = rendered(address, expected)
         assert RUNNING not in dom, name
         assert f'<h1 id="{heading.lower()}"' in dom, name
         for text in expected:
