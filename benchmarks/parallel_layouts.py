@@ -23,6 +23,7 @@ from typing import Any
 
 from benchmarks.common import RESULTS_DIR, fmt, header, table, write_result
 from profiler import store
+from profiler.analysis.comm import collectives_by_rank
 from profiler.config import load_config
 from profiler.plan import GPUS_GB, plan
 from profiler.run import profile_run
@@ -79,7 +80,7 @@ def measure(preset: str, nproc: int, overrides: list[str], steps: int, runs_dir:
     if record["status"] != "completed":
         raise RuntimeError(f"{preset} {overrides} on {nproc} ranks: {record['status']}: {record.get('error')}")
     held = [r["held_bytes"] for r in record["ranks"]]
-    ranks = [r["collectives"] for r in record["summary"]["trace"]["ranks"].values() if r.get("collectives")]
+    ranks = list(collectives_by_rank(record["summary"]).values())
     figures = {name: f["value"] for name, f in record["diagnosis"]["figures"].items()}
     par = cfg.switches.parallel
     m = par.pipeline_microbatches

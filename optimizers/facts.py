@@ -34,11 +34,11 @@ SCALES_WITH = {
     "run_dtype_speedup": "the measured speedup s of the run's own low-precision dtype over fp32 at the run's "
                          "shapes (s < 1: slower): low..high is the matmul share of the target, and going back "
                          "to fp32 removes that share x (1 - s)",
-    "all_gather_exposed": "the share e of the step spent in all-gathers no computation overlaps "
-                          "(comm_exposed.all_gather): low..high is the fraction of that time removed, so the "
-                          "target phase loses e/share(target) x that",
-    "send_recv_exposed": "as all_gather_exposed, for sends and receives (a pipeline stage's wait for its "
-                         "neighbour: its bubble)",
+    "comm_exposed.all_gather": "the share e of the step spent in all-gathers no computation overlaps: "
+                               "low..high is the fraction of that time removed, so the target phase loses "
+                               "e/share(target) x that",
+    "comm_exposed.send_recv": "as comm_exposed.all_gather, for sends and receives (a pipeline stage's wait "
+                              "for its neighbour: its bubble)",
 }
 """Measured figures an effect's fraction may depend on, and how."""
 

@@ -248,7 +248,7 @@ OPTIMIZATION = Optimization(
                   note="ranks hold 1/fsdp of the model states; `glmperf plan` computes the new per-rank bytes"),
         Candidate(set={"switches.parallel.reshard_after_forward": False},
                   applies=lambda c: c.fsdp > 1 and c.reshard_after_forward,
-                  effects=(Effect("backward", "shrinks", 0.3, 0.5, scales_with="all_gather_exposed",
+                  effects=(Effect("backward", "shrinks", 0.3, 0.5, scales_with="comm_exposed.all_gather",
                                   basis="backward no longer gathers the blocks again: of a step's all-gathers "
                                         "(the blocks and the root in forward, the blocks again in backward) "
                                         "the regather is blocks / (2 x blocks + root), 41% on tiny, near 50% "
@@ -258,7 +258,7 @@ OPTIMIZATION = Optimization(
         Candidate(set={"switches.parallel.microbatches": Derived(
                       ("switches.parallel.microbatches", "switches.parallel.pp"), lambda m, pp: 2 * (m or pp))},
                   applies=lambda c: c.pp > 1, requires=(Capability.NOT_HOST_BOUND,),
-                  effects=(Effect("forward", "shrinks", 0.2, 0.5, scales_with="send_recv_exposed",
+                  effects=(Effect("forward", "shrinks", 0.2, 0.5, scales_with="comm_exposed.send_recv",
                                   basis="a stage idles (p-1)/(m+p-1) of the schedule; twice the micro-batches "
                                         "cut that by 1 - (m+p-1)/(2m+p-1): 36% (p=m=4) to 47% (p=2, m=8), "
                                         "less what smaller micro-batches lose in matmul efficiency"),),

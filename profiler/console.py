@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from profiler import store
+from profiler.analysis.comm import collectives_by_rank
 from profiler.config import settings_text
 from profiler.metrics import METRIC_BY_NAME, PHASES, Metric
 
@@ -70,7 +71,7 @@ def print_summary(record: Mapping[str, Any], summary: Mapping[str, Any], status:
                   out: TextIO) -> None:
     """The run's table, its notes, and where its files are."""
     print_table(summary_rows(record, summary, status), out, title=f"run {record.get('id')}")
-    print_collectives((summary.get("trace") or {}).get("ranks") or {}, out)
+    print_collectives(collectives_by_rank(summary), out)
     for note in summary.get("notes", []):
         print(f"  note: {note}", file=out)
     print(f"run:    {path}", file=out)
@@ -81,8 +82,7 @@ def print_summary(record: Mapping[str, Any], summary: Mapping[str, Any], status:
 
 def print_collectives(ranks: Mapping[str, Mapping[str, Any]], out: TextIO) -> None:
     """Each rank's collectives a profiled step (from its trace): calls, payload, time and exposed time."""
-    rows = [(rank, kind, k) for rank, f in sorted(ranks.items(), key=lambda item: int(item[0]))
-            for kind, k in ((f.get("collectives") or {}).get("kinds") or {}).items()]
+    rows = [(rank, kind, k) for rank, found in ranks.items() for kind, k in found["kinds"].items()]
     if not rows:
         return
     print(f"  {'collectives a profiled step':<34} {'calls':>7} {'MiB':>9} {'time ms':>9} {'exposed ms':>11}", file=out)

@@ -37,7 +37,6 @@ from profiler.diagnose import LOW_PRECISION_SPEEDUP, diagnose, host_bound, v
 from profiler.metrics import PHASE_NAMES, lookup
 
 SPEEDUP_FIGURES = {"bf16_matmul_speedup": "bf16_speedup", "fp16_matmul_speedup": "fp16_speedup"}
-EXPOSED_FIGURES = {"all_gather_exposed": "comm_exposed.all_gather", "send_recv_exposed": "comm_exposed.send_recv"}
 MEMORY_KINDS = {Bottleneck.MEMORY_BOUND}
 NO_SPEED_METRIC = {Bottleneck.UNSTABLE}
 """Bottlenecks whose remedies are judged by what they prevent, not by a speed or memory figure."""
@@ -49,6 +48,7 @@ def capabilities(run: RunData, figures: Figures) -> dict[Capability, tuple[bool,
     bf16, fp16 = v(figures, "bf16_speedup"), v(figures, "fp16_speedup")
     cores, demand = v(figures, "cores"), v(figures, "thread_demand")
     fast_bf16 = v(figures, "native_bf16") == 1.0 and bf16 >= LOW_PRECISION_SPEEDUP
+    host = host_bound(figures)
     return {
         Capability.FAST_BF16_MATMUL: (fast_bf16, f"bf16 matmul peak {_x(bf16)} fp32, native bf16 "
                                                  f"{_yes(v(figures, 'native_bf16'))}"),
@@ -59,7 +59,7 @@ def capabilities(run: RunData, figures: Figures) -> dict[Capability, tuple[bool,
         Capability.SEVERAL_RANKS: (run.world_size > 1, f"{run.world_size} rank(s)"),
         Capability.SPARE_CORES: (not (demand >= cores), f"{demand:.0f} threads and workers on {cores:.0f} cores"),
         Capability.COMPILER: (True, "checked by the compile switch's own config check"),
-        Capability.NOT_HOST_BOUND: (not host_bound(figures) > 0, f"host_bound severity {host_bound(figures):.2f}"),
+        Capability.NOT_HOST_BOUND: (not host > 0, f"host_bound severity {host:.2f}"),
     }
 
 
@@ -94,8 +94,8 @@ def _fraction(effect: Effect, figures: Figures) -> tuple[float, float]:
         if math.isnan(speedup) or math.isnan(share) or speedup >= 1:
             return 0.0, 0.0  # fp32 already, or its dtype is the faster one: nothing to win back
         return 0.8 * share * (1 - speedup), share * (1 - speedup)
-    if effect.scales_with in EXPOSED_FIGURES:  # exposed time inside the target phase, as a share of that phase
-        share = v(figures, EXPOSED_FIGURES[effect.scales_with]) / v(figures, f"share.{effect.target}")
+    if effect.scales_with.startswith("comm_exposed."):  # exposed time inside the target phase, as its share
+        share = v(figures, effect.scales_with) / v(figures, f"share.{effect.target}")
         return (effect.low * min(share, 1.0), effect.high * min(share, 1.0)) if math.isfinite(share) else (0.0, 0.0)
     if effect.scales_with == "attention_share":
         return effect.fraction({"attention_share": v(figures, "attention_share") / 100})

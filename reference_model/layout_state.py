@@ -55,17 +55,14 @@ def _renumber(name: str, shift: int) -> str:
     return f"model.layers.{int(match.group(1)) + shift}.{match.group(2)}" if match else name
 
 
-def _gate_up(tensors: dict[str, Any], reorder: Any, tp: int) -> None:
-    """Reorder the fused gate/up rows of every block weight (and its same-shaped optimizer moments)."""
-    for name, value in tensors.items():
-        if not name.endswith(_GATE_UP):
-            continue
-        if isinstance(value, dict):  # an optimizer's state of that weight: its moments have its shape
-            for key, moment in value.items():
-                if isinstance(moment, torch.Tensor) and moment.dim() == 2:
-                    value[key] = reorder(moment, tp)
-        else:
-            tensors[name] = reorder(value, tp)
+def _gate_up(model_sd: dict[str, Any], optim_sd: dict[str, Any], reorder: Any, tp: int) -> None:
+    """Reorder the fused gate/up rows of every block weight and of its optimizer moments (same shape)."""
+    for name in [n for n in model_sd if n.endswith(_GATE_UP)]:
+        model_sd[name] = reorder(model_sd[name], tp)
+        moments = optim_sd["state"].get(name, {})
+        for key, moment in moments.items():
+            if isinstance(moment, torch.Tensor) and moment.dim() == 2:
+                moments[key] = reorder(moment, tp)
 
 
 def _to_model_numbers(model_sd: dict[str, Any], optim_sd: dict[str, Any], shift: int) -> None:
@@ -115,8 +112,7 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer,
     elif dist.is_initialized() and dist.get_rank() != 0:
         return None
     if lay.tp > 1:
-        _gate_up(model_sd, deinterleave_gate_up, lay.tp)
-        _gate_up(optim_sd["state"], deinterleave_gate_up, lay.tp)
+        _gate_up(model_sd, optim_sd, deinterleave_gate_up, lay.tp)
     return model_sd, optim_sd
 
 
@@ -138,8 +134,7 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_sd
                     "param_groups": [dict(g, params=[n for n in g["params"] if n in own])
                                      for g in optim_sd["param_groups"]]}
     if lay.tp > 1:
-        _gate_up(model_sd, interleave_gate_up, lay.tp)
-        _gate_up(optim_sd["state"], interleave_gate_up, lay.tp)
+        _gate_up(model_sd, optim_sd, interleave_gate_up, lay.tp)
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, model_sd, options=options)
     set_optimizer_state_dict(model, optimizer, optim_sd, options=options)

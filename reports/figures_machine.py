@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from profiler.analysis import RunData, operators
+from profiler.analysis.comm import collectives_by_rank
 from profiler.analysis.environment import HARMLESS_REASONS
 from profiler.metrics import METRIC_BY_NAME
 from reports.plotting import axis, figure, with_caption
@@ -148,8 +149,7 @@ def communication(run: RunData, summary: Mapping[str, Any]) -> go.Figure | None:
 def collectives(summary: Mapping[str, Any]) -> go.Figure | None:
     """Each kind of collective's time a profiled step and the part of it no computation overlapped,
     per rank (from the traces: profiler.traces.collectives)."""
-    ranks = {r: f["collectives"] for r, f in ((summary.get("trace") or {}).get("ranks") or {}).items()
-             if (f.get("collectives") or {}).get("kinds")}
+    ranks = collectives_by_rank(summary)
     if not ranks:
         return None
     fig = figure("Communication by collective", "Each kind of collective's time a profiled step and the part of it "
@@ -158,7 +158,7 @@ def collectives(summary: Mapping[str, Any]) -> go.Figure | None:
                  "kernels against compute kernels).", xaxis_title="ms per profiled step", barmode="group",
                  height=max(300, 60 * len(next(iter(ranks.values()))["kinds"]) + 140),
                  margin={"l": 130, "r": 30, "t": 50, "b": 50})
-    for rank, found in sorted(ranks.items(), key=lambda item: int(item[0])):
+    for rank, found in ranks.items():
         kinds = found["kinds"]
         names = list(kinds)
         custom = np.array([[kinds[k]["bytes"] / MIB, kinds[k]["calls"]] for k in names], dtype=float)

@@ -142,8 +142,7 @@ def run_figures(run: RunData, summary: Mapping[str, Any], diagnosis: Mapping[str
         ("Device samples", figures_machine.device_samples(run), "no sample during the steps"),
         ("Data wait and reads", figures_machine.data_wait(run, summary), "no step recorded"),
         ("Communication", figures_machine.communication(run, summary), single),
-        ("Communication by collective", figures_machine.collectives(summary),
-         "a single process has no collectives" if run.world_size == 1 else "no trace recorded a collective"),
+        ("Communication by collective", figures_machine.collectives(summary), single),
         ("Top operators", figures_machine.top_operators(run), "no torch.profiler window (profile.trace=false, or "
                                                               "the run stopped before it)"),
         ("Loss and grad norm", figures_advice.stability(run), "no step recorded"),

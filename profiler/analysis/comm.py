@@ -67,12 +67,19 @@ def _traced(ranks: list[Mapping[str, Any]], totals: bool) -> Figures:
     return out
 
 
+def collectives_by_rank(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each rank's collectives a profiled step (summary.trace.ranks.<rank>.collectives), in rank order;
+    ranks whose trace showed none are left out."""
+    ranks = (summary.get("trace") or {}).get("ranks") or {}
+    return {r: ranks[r]["collectives"] for r in sorted(ranks, key=int)
+            if (ranks[r].get("collectives") or {}).get("kinds")}
+
+
 def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
     comm = summary.get("comm")
-    trace_ranks = ((summary.get("trace") or {}).get("ranks") or {}).values()
-    ranks = [r["collectives"] for r in trace_ranks if (r.get("collectives") or {}).get("step_s", 0) > 0]
+    ranks = [r for r in collectives_by_rank(summary).values() if r["step_s"] > 0]
     out = _hooked(summary, comm) if comm else {}
-    if ranks:
-        on_gpu = any(r.get("temporal") for r in trace_ranks)  # gpu_trace gives the totals from the kernels
+    if ranks:  # on a GPU, gpu_trace gives the totals from the kernels
+        on_gpu = any(r.get("temporal") for r in ((summary.get("trace") or {}).get("ranks") or {}).values())
         out.update(_traced(ranks, totals=not comm and not on_gpu))
     return out
