@@ -3,7 +3,8 @@
 Figures (multi-rank runs): `comm_exposed` (% of the step), `comm_overlap` (% of collective time
 overlapped), `comm_mib_per_step` (MiB), `comm_bandwidth` (MiB/s, algorithm bandwidth).
 
-DDP runs measure their gradient all-reduce with a communication hook (summary.comm: every step).
+DDP runs measure their gradient all-reduce with a communication hook (summary.comm: every step;
+their traces' kinds are left out, since the profiled window would give another exposed share).
 Other layouts (fsdp, tp, pp) are read from the traces' collectives (summary.trace.ranks.*.collectives,
 profiler.traces.collectives: the profiled steps, averaged over the ranks), which also give each kind
 its own figure: `comm_exposed.<kind>` (% of the step no computation overlaps, e.g.
@@ -77,9 +78,10 @@ def collectives_by_rank(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]
 
 def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
     comm = summary.get("comm")
+    if comm:  # the hook's figures, every step: the traces' window measures otherwise, so its kinds are not mixed in
+        return _hooked(summary, comm)
     ranks = [r for r in collectives_by_rank(summary).values() if r["step_s"] > 0]
-    out = _hooked(summary, comm) if comm else {}
-    if ranks:  # on a GPU, gpu_trace gives the totals from the kernels
-        on_gpu = any(r.get("temporal") for r in ((summary.get("trace") or {}).get("ranks") or {}).values())
-        out.update(_traced(ranks, totals=not comm and not on_gpu))
-    return out
+    if not ranks:
+        return {}
+    on_gpu = any(r.get("temporal") for r in ((summary.get("trace") or {}).get("ranks") or {}).values())
+    return _traced(ranks, totals=not on_gpu)  # on a GPU, gpu_trace gives the totals from the kernels
