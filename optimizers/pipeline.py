@@ -35,7 +35,7 @@ class StageModule(nn.Module):
         return self.model.stage_forward(x)
 
 
-def _loss(logits: Tensor, labels: Tensor) -> Tensor:
+def stage_loss(logits: Tensor, labels: Tensor) -> Tensor:
     # fp32 cross-entropy over aligned labels; -100 (torch's default ignore_index) is skipped
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
@@ -46,6 +46,8 @@ class PipelineRunner:
     rank of the pipeline (the last stage computes it and broadcasts it)."""
 
     schedule: Any
+    module: nn.Module
+    """The stage's module, which the schedule calls once per micro-batch."""
     first: bool
     last: bool
     group: dist.ProcessGroup
@@ -76,12 +78,13 @@ def apply_pipeline(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) ->
     # imported when a pipeline is built: it loads torch._dynamo, about a second of every start otherwise
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    pipe = PipelineStage(StageModule(model), stage, cfg.pp, ctx.device, group=group)
+    module = StageModule(model)
+    pipe = PipelineStage(module, stage, cfg.pp, ctx.device, group=group)
     schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.schedule]
-    schedule = schedule_class(pipe, n_microbatches=cfg.pipeline_microbatches, loss_fn=_loss)
+    schedule = schedule_class(pipe, n_microbatches=cfg.pipeline_microbatches, loss_fn=stage_loss)
     last_rank = dist.get_global_rank(group, cfg.pp - 1)
-    setup.pipeline = PipelineRunner(schedule=schedule, first=stage == 0, last=stage == cfg.pp - 1, group=group,
-                                    last_rank=last_rank, device=ctx.device)
+    setup.pipeline = PipelineRunner(schedule=schedule, module=module, first=stage == 0, last=stage == cfg.pp - 1,
+                                    group=group, last_rank=last_rank, device=ctx.device)
     setup.grad_norm_group = group
     m = cfg.pipeline_microbatches
     setup.note("pipeline", f"stage {stage} of {cfg.pp}: blocks {stage * per_stage}..{(stage + 1) * per_stage - 1}, "

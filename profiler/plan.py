@@ -31,15 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from optimizers import ConfigError
 from optimizers.parallel import LAYOUT_CHECKS, Layout, ParallelConfig, layout
+from optimizers.pipeline import stage_loss
 from optimizers.tensor_parallel import ALL_REDUCES_PER_BLOCK, sharded_dim
 from profiler.config import RunConfig, build_run_config
+from profiler.saved import SavedTracker, saved_bytes
 from reference_model.config import model_config
-from reference_model.grads import local_part
 from reference_model.model import GLMForCausalLM
 from reference_model.trainer import setup_context
 
@@ -63,60 +63,63 @@ _DTYPE_BYTES = {"off": 4, "bf16": 2, "fp16": 2}
 # Activations: the distinct storages autograd saves, traced at shapes only
 
 
-def _storage(t: torch.Tensor) -> torch.UntypedStorage:
-    """The storage holding `t`'s bytes on this rank (a DTensor's local shard, not its wrapper)."""
-    return local_part(t).untyped_storage()
-
-
-def saved_bytes(model: nn.Module, input_ids: torch.Tensor, autocast_dtype: torch.dtype | None) -> int:
-    """Bytes of the distinct storages one forward saves for backward, plus the logits: what a step holds
-    between forward and backward. Weights a matmul saves (the parameter, a view of it, or FSDP's
-    gathered copy) are the parameters' memory, not activations. Runs on real or fake tensors alike."""
-    own = {_storage(p)._cdata for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if not (isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter)):
-            storage = _storage(t)
-            if storage._cdata not in own:
-                saved[storage._cdata] = storage.nbytes()
-        return t
-
-    device_type = input_ids.device.type
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast(
-            device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-        out = model(input_ids, labels=input_ids)
-    logits = _storage(out.logits)
-    saved.setdefault(logits._cdata, logits.nbytes())
-    return sum(saved.values())
-
-
 @dataclass(frozen=True)
 class ActivationTrace:
-    """Saved bytes of one block and of the rest (embedding, final norm, lm_head, loss) at a rank's shapes."""
+    """Saved bytes per micro-batch at a rank's shapes: one block, and what else each kind of rank keeps."""
 
     block: int
-    rest: int
     block_input: int
     """The residual stream entering a block (what a checkpointed block keeps)."""
+    rest: int
+    """A whole model's beyond its blocks: the embedding's, the final norm's, lm_head's, the loss's, the logits."""
+    stage_rest: tuple[int, int, int] = (0, 0, 0)
+    """A pipeline's first, middle and last stage beyond their blocks: the embedding's saves or the norm's,
+    lm_head's and loss's, plus the output each stage keeps for its backward (hidden states, or logits)."""
+    logits: int = 0
+    """One micro-batch's logits as the last stage outputs them: torch's schedules keep every micro-batch's
+    until the step ends (to return them merged), after its activations are freed."""
 
 
-def trace_activations(cfg: RunConfig, *, tp: int, micro_batch: int) -> ActivationTrace:
-    """Trace 1- and 2-block models with tp's local head counts and MLP width under FakeTensorMode."""
+def _shaped(cfg: RunConfig, tp: int, layers: int) -> GLMForCausalLM:
+    """The model with `layers` blocks at a tp rank's local head counts and MLP width."""
     m = cfg.model
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.switches.amp.dtype)
-    shape = dict(num_attention_heads=m.num_attention_heads // tp, num_key_value_heads=m.num_key_value_heads // tp,
-                 intermediate_size=m.intermediate_size // tp)
     fields = {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name != "preset"}
-    totals = []
+    shape = dict(num_attention_heads=m.num_attention_heads // tp, num_key_value_heads=m.num_key_value_heads // tp,
+                 intermediate_size=m.intermediate_size // tp, num_hidden_layers=layers)
+    return GLMForCausalLM(model_config(m.preset, **{**fields, **shape}))
+
+
+def _stage_saved(cfg: RunConfig, tp: int, micro_batch: int, dtype: torch.dtype | None, *,
+                 first: bool) -> tuple[int, int]:
+    """Saved bytes of a one-block pipeline stage (the first or the last of two) with its kept output,
+    and that output's bytes."""
+    model = _shaped(cfg, tp, layers=2)
+    model.keep_stage(0, 1) if first else model.keep_stage(1, 2)
+    shape = (micro_batch, cfg.data.seq_len) + (() if first else (cfg.model.hidden_size,))
+    x = torch.zeros(shape, dtype=torch.long) if first else torch.zeros(shape, requires_grad=True)
+    with SavedTracker(model) as tracker, torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        out = model.stage_forward(x)
+        if not first:
+            stage_loss(out, torch.zeros(shape[:2], dtype=torch.long))
+    tracker.hold(out)
+    return tracker.current, out.untyped_storage().nbytes()
+
+
+def trace_activations(cfg: RunConfig, *, tp: int, micro_batch: int, stages: bool = False) -> ActivationTrace:
+    """Trace 1- and 2-block models with tp's local head counts and MLP width under FakeTensorMode,
+    and with `stages` a pipeline's first and last stage of one block each."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.switches.amp.dtype)
+    hidden = micro_batch * cfg.data.seq_len * cfg.model.hidden_size * 4  # the fp32 residual stream
     with FakeTensorMode():
-        for layers in (1, 2):
-            model = GLMForCausalLM(model_config(m.preset, **{**fields, **shape, "num_hidden_layers": layers}))
-            ids = torch.zeros(micro_batch, cfg.data.seq_len, dtype=torch.long)
-            totals.append(saved_bytes(model, ids, dtype))
-    block = totals[1] - totals[0]
-    return ActivationTrace(block=block, rest=totals[0] - block,
-                           block_input=micro_batch * cfg.data.seq_len * m.hidden_size * 4)
+        ids = torch.zeros(micro_batch, cfg.data.seq_len, dtype=torch.long)
+        one, two = (saved_bytes(_shaped(cfg, tp, layers), ids, dtype) for layers in (1, 2))
+        block = two - one
+        if not stages:
+            return ActivationTrace(block=block, block_input=hidden, rest=one - block)
+        first, output = _stage_saved(cfg, tp, micro_batch, dtype, first=True)
+        last, logits = _stage_saved(cfg, tp, micro_batch, dtype, first=False)
+    return ActivationTrace(block=block, block_input=hidden, rest=one - block,
+                           stage_rest=(first - block, output, last - block), logits=logits)
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,6 +138,9 @@ class Plan:
     """Samples per forward on a rank (a pipeline's micro-batch)."""
     per_rank_bytes: dict[str, int]
     """params, grads, optimizer, activations, buffers, total."""
+    per_stage_bytes: list[dict[str, int]]
+    """The same for a rank of each pipeline stage (one entry without a pipeline); per_rank_bytes is the
+    stage with the largest total."""
     precision: dict[str, str]
     """The dtype each part is held in."""
     activations_by_checkpointing: dict[str, int]
@@ -214,12 +220,14 @@ def plan(cfg: RunConfig, nproc: int, *, capacity_bytes: int | None = None, advis
     tensors = [0] * lay.pp  # parameter tensors per stage (the optimizer's step counters)
     units: list[list[int]] = [[] for _ in range(lay.pp)]  # FSDP units' gathered elements per stage
     root = [0] * lay.pp
+    matmul = [0] * lay.pp  # elements of the weights a matmul reads (autocast copies them)
     block_units: dict[str, int] = {}
     for name, shape in _param_table(cfg):
         stage = _stage_of(name, layers, lay.pp)
         local, gathered = _local_numel(name, shape, lay)
         held[stage] += local
         tensors[stage] += 1
+        matmul[stage] += gathered if len(shape) == 2 and not name.startswith("model.embed_tokens") else 0
         if name.startswith("model.layers."):
             key = ".".join(name.split(".")[:3])
             block_units[key] = block_units.get(key, 0) + gathered
@@ -227,53 +235,77 @@ def plan(cfg: RunConfig, nproc: int, *, capacity_bytes: int | None = None, advis
             root[stage] += gathered
     for key, numel in block_units.items():
         units[_stage_of(key + ".", layers, lay.pp)].append(numel)
-    stage = max(range(lay.pp), key=lambda s: held[s])
-
     opt = cfg.switches.optimizer
     states = OPTIMIZER_STATES[opt.name](opt)
-    params = 4 * held[stage]
-    optimizer = 4 * states * held[stage] + STEP_SCALAR[opt.name] * tensors[stage]
-
-    trace = trace_activations(cfg, tp=lay.tp, micro_batch=micro)
+    trace = trace_activations(cfg, tp=lay.tp, micro_batch=micro, stages=lay.pp > 1)
     stage_layers = layers // lay.pp
-    in_flight = (m if par.schedule == "gpipe" else min(m, lay.pp)) if lay.pp > 1 else 1
-    by_ac = {mode: _activations(trace, stage_layers, mode, every=2) * in_flight
-             for mode in ("off", "full", "selective")}
     ac = cfg.switches.activation_checkpointing
-    activations = _activations(trace, stage_layers, ac.mode, every=ac.every) * in_flight
 
-    buffers = 0
-    if lay.fsdp > 1:
-        blocks_gathered = units[stage] if not par.reshard_after_forward else sorted(units[stage])[-2:]
-        buffers = gather_bytes * (root[stage] + sum(blocks_gathered))
+    def activations(s: int, mode: str, every: int) -> int:
+        if lay.pp == 1:
+            return _activations(trace, stage_layers, mode, every=every, extra=trace.rest, in_flight=1)
+        in_flight = _in_flight(par, lay.pp, m, s)
+        extra = trace.stage_rest[0 if s == 0 else 2 if s == lay.pp - 1 else 1]
+        done = round((m - in_flight) * trace.logits) if s == lay.pp - 1 else 0
+        return _activations(trace, stage_layers, mode, every=every, extra=extra, in_flight=in_flight) + done
 
-    per_rank = {"params": params, "grads": params, "optimizer": optimizer, "activations": activations,
-                "buffers": buffers}
-    per_rank["total"] = sum(per_rank.values())
+    def rank_bytes(s: int) -> dict[str, int]:
+        if lay.fsdp > 1:  # gathered in the compute dtype, so autocast copies nothing
+            blocks_gathered = units[s] if not par.reshard_after_forward else sorted(units[s])[-2:]
+            buffers = gather_bytes * (root[s] + sum(blocks_gathered))
+        else:  # autocast's copy of each matmul weight, made once per step and kept for backward
+            buffers = compute * matmul[s] if amp != "off" else 0
+        parts = {"params": 4 * held[s], "grads": 4 * held[s],
+                 "optimizer": 4 * states * held[s] + STEP_SCALAR[opt.name] * tensors[s],
+                 "activations": activations(s, ac.mode, ac.every), "buffers": buffers}
+        return {**parts, "total": sum(parts.values())}
+
+    by_stage = [rank_bytes(s) for s in range(lay.pp)]
+    stage = max(range(lay.pp), key=lambda s: by_stage[s]["total"])
+    per_rank = by_stage[stage]
+    by_ac = {mode: activations(stage, mode, 2) for mode in ("off", "full", "selective")}
     comm = _comm(cfg, lay, par, gathered_stage=(sum(units[stage]), root[stage]), grads_held=held[stage],
                  micro=micro, m=m, accumulation=accumulation, stage_layers=stage_layers, compute=compute,
                  gather_bytes=gather_bytes)
     v = par.virtual_stages if par.schedule == "interleaved_1f1b" else 1
     bubble = (lay.pp - 1) / (v * m + lay.pp - 1) if lay.pp > 1 else None
     result = Plan(preset=cfg.model.preset, nproc=nproc, layout=lay, micro_batch=micro, per_rank_bytes=per_rank,
+                  per_stage_bytes=by_stage,
                   precision={"params": "fp32", "grads": "fp32", "optimizer": "fp32",
                              "activations": "fp32" if amp == "off" else f"{amp} matmul outputs, fp32 residual",
-                             "buffers": "fp32" if gather_bytes == 4 else amp},
+                             "buffers": "fp32" if amp == "off" else amp},
                   activations_by_checkpointing=by_ac, comm_bytes_per_step=comm, bubble=bubble,
-                  capacity_bytes=capacity_bytes, assumptions=_assumptions(lay, par, in_flight))
+                  capacity_bytes=capacity_bytes,
+                  assumptions=_assumptions(lay, par, _in_flight(par, lay.pp, m, stage), stage, amp))
     if advise and result.fits is False:
         result.advice = _advice(cfg, nproc, capacity_bytes)
     return result
 
 
-def _activations(trace: ActivationTrace, layers: int, mode: str, *, every: int) -> int:
-    """A stage's activation bytes: every block's saved storages, or only the input of a checkpointed
-    block; backward recomputes one checkpointed block at a time, after the blocks above it have freed
-    theirs, so the peak holds the kept blocks' activations or that one block's, whichever is more."""
-    if mode == "off":
-        return trace.rest + layers * trace.block
-    checkpointed = layers if mode == "full" else math.ceil(layers / every)
-    return trace.rest + checkpointed * trace.block_input + max(layers - checkpointed, 1) * trace.block
+def _in_flight(par: ParallelConfig, pp: int, m: int, stage: int) -> float:
+    """Micro-batches of a stage's activations alive at its peak: GPipe runs every forward first (m); 1F1B
+    warms up with p-1-s forwards and starts each backward after one more (p-s, at most m); interleaved
+    1F1B warms up with (v-1)p + 2(p-1-s) chunk forwards, each of 1/v of the stage's blocks (torch's
+    schedules)."""
+    if pp == 1:
+        return 1
+    if par.schedule == "gpipe":
+        return m
+    if par.schedule == "1f1b":
+        return min(m, pp - stage)
+    v = par.virtual_stages
+    return min(v * m, (v - 1) * pp + 2 * (pp - 1 - stage) + 1) / v
+
+
+def _activations(trace: ActivationTrace, layers: int, mode: str, *, every: int, extra: int, in_flight: float) -> int:
+    """A rank's activation bytes: per micro-batch in flight, its blocks' saved storages (only the input of
+    a checkpointed block) and `extra` (what the rank keeps beyond its blocks); backward recomputes one
+    checkpointed block at a time, after the blocks above it have freed theirs, so with every block
+    checkpointed the peak adds that one block's."""
+    checkpointed = 0 if mode == "off" else layers if mode == "full" else math.ceil(layers / every)
+    kept = layers - checkpointed
+    per_micro_batch = extra + checkpointed * trace.block_input + kept * trace.block
+    return round(in_flight * per_micro_batch) + (trace.block if kept == 0 else 0)
 
 
 def _comm(cfg: RunConfig, lay: Layout, par: ParallelConfig, *, gathered_stage: tuple[int, int], grads_held: int,
@@ -302,7 +334,7 @@ def _comm(cfg: RunConfig, lay: Layout, par: ParallelConfig, *, gathered_stage: t
     return comm
 
 
-def _assumptions(lay: Layout, par: ParallelConfig, in_flight: int) -> list[str]:
+def _assumptions(lay: Layout, par: ParallelConfig, in_flight: float, stage: int, amp: str) -> list[str]:
     said = [
         "parameters, gradients and optimizer state in fp32 (autocast keeps fp32 master weights)",
         "activations as autograd saves them for this model's kernels, traced on the CPU at the rank's local "
@@ -314,10 +346,13 @@ def _assumptions(lay: Layout, par: ParallelConfig, in_flight: int) -> list[str]:
         said.append("FSDP buffers: the root unit and " + ("two blocks (the current and the prefetched one)"
                     if par.reshard_after_forward else "every block (reshard_after_forward=false)")
                     + " gathered at once")
+    elif amp != "off":
+        said.append(f"buffers: autocast's {amp} copy of every matmul weight the rank holds, made once per step "
+                    "(autocast caches it for every micro-batch of a pipeline) and kept until backward")
     if lay.pp > 1:
-        said.append(f"pipeline: the busiest stage keeps {in_flight} micro-batch(es) of activations in flight "
-                    f"({par.schedule}); stages hold consecutive blocks, the embedding on the first, lm_head on "
-                    "the last")
+        said.append(f"pipeline: the busiest rank is stage {stage} of {lay.pp}, which keeps {in_flight:g} "
+                    f"micro-batch(es) of activations in flight ({par.schedule}) and each one's output for its "
+                    "backward; stages hold consecutive blocks, the embedding on the first, lm_head on the last")
     if lay.tp > 1:
         said.append("tensor parallel: attention and MLP split by heads and width; norms, embedding and lm_head "
                     "whole on each tp rank")

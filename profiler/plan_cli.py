@@ -53,6 +53,9 @@ def render(p: Plan) -> str:
     for part in ("params", "grads", "optimizer", "activations", "buffers"):
         lines.append(f"  {part:<12} {_gb(p.per_rank_bytes[part]):>14}   {p.precision[part]}")
     lines.append(f"  {'total':<12} {_gb(p.per_rank_bytes['total']):>14}")
+    if len(p.per_stage_bytes) > 1:
+        lines.append("  by pipeline stage: " + "; ".join(
+            f"{s} {_gb(b['total'])} (activations {_gb(b['activations'])})" for s, b in enumerate(p.per_stage_bytes)))
     ac = p.activations_by_checkpointing
     lines.append(f"  activations by checkpointing: off {_gb(ac['off'])}, full {_gb(ac['full'])}, "
                  f"selective every 2 {_gb(ac['selective'])}")

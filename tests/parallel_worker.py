@@ -5,8 +5,9 @@ writes this rank's losses and held bytes to OUT/rank<r>.json.
 
 SCENARIOS is a JSON list of {"name", "preset", "switches", "steps", "batch_size"}. Per scenario a rank reports
 its step losses, the bytes of parameters, gradients and optimizer state it holds after training
-(`Trainer.held_bytes`), and the bytes one forward saves for backward (`profiler.plan.saved_bytes`,
-the count `glmperf plan` traces; not for a pipeline stage). Every scenario reuses one process group.
+(`Trainer.held_bytes`), and the bytes one forward saves for backward (`profiler.saved.forward_saved`,
+the count `glmperf plan` traces); a pipeline stage, the peak of what its schedule keeps alive over one
+batch (every micro-batch in flight, and each one's output). Every scenario reuses one process group.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import torch.distributed as dist
 
 from optimizers import SwitchesConfig
 from optimizers.config import build_section
-from profiler.plan import saved_bytes
+from optimizers.pipeline import PipelineRunner
+from profiler.saved import SavedTracker, forward_saved
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.trainer import StepRecord, Trainer, TrainerHook
 
@@ -36,6 +38,17 @@ class Losses(TrainerHook):
         self.values.append(float(record.loss))
 
 
+def pipeline_peak(pipeline: PipelineRunner, ids: torch.Tensor, dtype: torch.dtype | None) -> tuple[int, int]:
+    """The most bytes of saved tensors and kept outputs alive at once while the schedule runs one batch,
+    and of the weight copies autocast saved."""
+    module = pipeline.module
+    with SavedTracker(module) as tracker, torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        handle = module.register_forward_hook(lambda _module, _args, out: tracker.hold(out))
+        pipeline(ids, ids)
+        handle.remove()
+    return tracker.peak, sum(tracker.copies.values())
+
+
 def run(scenario: dict[str, Any]) -> dict[str, Any]:
     losses = Losses()
     trainer = Trainer(model_cfg=model_config(scenario["preset"]),
@@ -45,10 +58,13 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
     trainer.fit()
     held = trainer.held_bytes()  # before the measuring forward, which leaves FSDP's root gathered
     ids = torch.zeros(scenario["batch_size"], SEQ_LEN, dtype=torch.long)
-    # a pipeline stage's activations depend on its schedule's micro-batches in flight: not counted here
-    activations = None if trainer.setup.pipeline else saved_bytes(trainer.setup.model, ids,
-                                                                   trainer.setup.autocast_dtype)
-    return {"losses": losses.values, "held": held, "activations": activations, "notes": trainer.setup.notes}
+    setup = trainer.setup
+    if setup.pipeline is None:
+        activations, copies = forward_saved(setup.model, ids, setup.autocast_dtype)
+    else:
+        activations, copies = pipeline_peak(setup.pipeline, ids, setup.autocast_dtype)
+    return {"losses": losses.values, "held": held, "activations": activations, "weight_copies": copies,
+            "notes": setup.notes}
 
 
 def main() -> None:

@@ -16,7 +16,8 @@ import torch
 
 from optimizers import ConfigError
 from profiler.config import build_run_config, load_config
-from profiler.plan import GPUS_GB, plan, saved_bytes
+from profiler.plan import GPUS_GB, plan
+from profiler.saved import saved_bytes
 from reference_model.config import model_config
 from reference_model.model import GLMForCausalLM
 
