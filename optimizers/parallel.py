@@ -44,7 +44,8 @@ class ParallelConfig(Section):
     tp: int = 1
     """Ranks that split each block's attention heads and MLP width (Megatron colwise/rowwise)."""
     sequence_parallel: bool = False
-    """tp: also split the norms' activations along the sequence (less activation memory per rank)."""
+    """tp: also split the residual stream and the block norms along the sequence (less activation memory
+    per rank; each all-reduce becomes a reduce-scatter and an all-gather of the same bytes)."""
     pp: int = 1
     """Pipeline stages: the blocks are cut into pp consecutive groups, one per stage."""
     schedule: str = "1f1b"
@@ -102,7 +103,7 @@ def _divisors(n: int) -> str:
 
 
 def layout_problem(cfg: ParallelConfig, world_size: int, shape: ModelShape | None, *,
-                   batch_size: int) -> str | None:
+                   batch_size: int, seq_len: int) -> str | None:
     """Why `cfg` cannot be laid out on `world_size` ranks for a model of `shape`, or None.
 
     Names the degrees and what they must divide, so the fix is in the message.
@@ -119,6 +120,11 @@ def layout_problem(cfg: ParallelConfig, world_size: int, shape: ModelShape | Non
                     f"{_divisors(batch_size)}")
         if cfg.schedule == "interleaved_1f1b" and micro % cfg.pp:
             return f"interleaved_1f1b needs microbatches ({micro}) to be a multiple of pp={cfg.pp}"
+    if cfg.sequence_parallel and cfg.tp == 1:
+        return "sequence_parallel=true splits the sequence over tensor-parallel ranks: it needs tp > 1"
+    if cfg.sequence_parallel and seq_len % cfg.tp:
+        return (f"sequence_parallel with tp={cfg.tp} does not divide data.seq_len={seq_len}: each rank holds an "
+                f"equal share of the sequence; allowed tp: {_divisors(seq_len)}")
     if shape is None:
         return None
     if cfg.tp > 1:
@@ -139,7 +145,8 @@ def layout_problem(cfg: ParallelConfig, world_size: int, shape: ModelShape | Non
 
 
 def _check_layout(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
-    return layout_problem(switches.parallel, ctx.world_size, ctx.shape, batch_size=ctx.batch_size)
+    return layout_problem(switches.parallel, ctx.world_size, ctx.shape, batch_size=ctx.batch_size,
+                          seq_len=ctx.seq_len)
 
 
 # Switches that change the blocks in ways a sharded layout cannot follow: reason beside each.
@@ -158,9 +165,6 @@ def _check_conflicts(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
     cfg = switches.parallel
     if cfg.model_parallel == 1:
         return None
-    if cfg.sequence_parallel:
-        return ("sequence_parallel=true: the norms' activations are not split along the sequence by this "
-                "trainer (nor counted so by `glmperf plan`); allowed: false")
     for name, active, why in _CONFLICTS:
         if active(switches):
             return f"fsdp={cfg.fsdp}, tp={cfg.tp}, pp={cfg.pp} cannot run with switches.{name}: {why}"

@@ -6,7 +6,9 @@ v by heads as well keeps grouped-query attention's groups on one rank: with H qu
 heads, rank r holds query heads r*H/tp .. and key/value heads r*KV/tp .., and query head h reads
 key/value head h // (H/KV) on the same rank, which is why tp must divide KV (a check of
 optimizers.parallel). MLP: the gate and up projections colwise, down rowwise: one all-reduce more.
-Norms, the embedding and lm_head stay whole on every tp rank (FSDP shards them).
+Norms, the embedding and lm_head stay whole on every tp rank (FSDP shards them). With
+`sequence_parallel` (Korthikanti et al. 2022) the residual stream between the matmuls and the block
+norms hold 1/tp of the sequence, and each all-reduce becomes a reduce-scatter and an all-gather.
 
 The MLP's gate and up projections are one fused Linear (HF's layout); its rows are interleaved
 before sharding (`interleave_gate_up`), so the weights a tp run holds are a permutation of a
@@ -16,7 +18,10 @@ compile (torchtitan's order).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch import nn
 
 from optimizers.base import SetupContext, Stage, TrainSetup, blocks
 from optimizers.parallel import ParallelConfig
@@ -31,9 +36,13 @@ SHARDED_DIM: dict[str, int] = {
 }
 """Block parameter name -> the dim tp splits (0 colwise, 1 rowwise); a name not here is whole."""
 
+NORMS = ("input_layernorm", "post_attention_layernorm")
+"""A block's norms: with sequence parallelism each tp rank normalizes 1/tp of the sequence."""
+
 ALL_REDUCES_PER_BLOCK = 2
 """Activation all-reduces a block makes in forward (after o_proj and after down_proj), and as many
-in backward (the gradients of the colwise inputs)."""
+in backward (the gradients of the colwise inputs); with sequence parallelism each is an all-gather and
+a reduce-scatter of the same payload."""
 
 
 def sharded_dim(block_param: str) -> int | None:
@@ -55,35 +64,69 @@ def deinterleave_gate_up(weight: torch.Tensor, tp: int) -> torch.Tensor:
     return torch.cat([*chunks[0::2], *chunks[1::2]])
 
 
-def apply_tensor_parallel(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> None:
+def _plan(sequence_parallel: bool) -> dict[str, Any]:
+    """A block's parallelize plan (module path -> style)."""
     # imported when a run splits tensors: DTensor's modules cost about a second of every start
-    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
         RowwiseParallel,
-        parallelize_module,
+        SequenceParallel,
     )
 
+    # the block input, one replicated DTensor for all the colwise matmuls that read it: its gradient is
+    # then reduced once per module in backward, not once per matmul. With sequence parallelism the
+    # residual stream and the norms hold 1/tp of the sequence: the input is all-gathered here, and
+    # the rowwise outputs reduce-scattered back to sequence shards instead of all-reduced
+    entering = Shard(1) if sequence_parallel else Replicate()
+    plan: dict[str, Any] = {
+        "self_attn": PrepareModuleInput(input_layouts=(entering, None, None, None),
+                                        desired_input_layouts=(Replicate(), None, None, None), use_local_output=False),
+        "mlp": PrepareModuleInput(input_layouts=(entering,), desired_input_layouts=(Replicate(),),
+                                  use_local_output=False)}
+    for name, dim in SHARDED_DIM.items():
+        module = name.rsplit(".", 1)[0]
+        plan[module] = ColwiseParallel() if dim == 0 else RowwiseParallel(output_layouts=entering)
+    if sequence_parallel:
+        plan.update({norm: SequenceParallel() for norm in NORMS})
+    return plan
+
+
+def _shard_the_sequence(model: nn.Module, mesh: Any) -> None:
+    """Sequence parallelism's two ends: the embedding's output (whole on every tp rank) is cut to this
+    rank's sequence shard entering the first block, and the last block's shards are all-gathered on
+    leaving it, so the final norm, lm_head and loss see the whole sequence as without it."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
+
+    layers = blocks(model)
+    parallelize_module(layers[0], mesh, PrepareModuleInput(
+        input_layouts=(Replicate(), None, None, None), desired_input_layouts=(Shard(1), None, None, None),
+        use_local_output=True))
+    parallelize_module(layers[-1], mesh, PrepareModuleOutput(output_layouts=Shard(1),
+                                                             desired_output_layouts=Replicate()))
+
+
+def apply_tensor_parallel(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> None:
+    from torch.distributed.tensor.parallel import parallelize_module
+
     mesh = setup.mesh["tp"]
-    # the block input, one replicated DTensor for all the colwise matmuls that read it: its
-    # gradient is then all-reduced once per module in backward, not once per matmul
-    once = {"self_attn": PrepareModuleInput(input_layouts=(Replicate(), None, None, None),
-                                            desired_input_layouts=(Replicate(), None, None, None),
-                                            use_local_output=False),
-            "mlp": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
-                                      use_local_output=False)}
-    plan = {**once, **{name.rsplit(".", 1)[0]: ColwiseParallel() if dim == 0 else RowwiseParallel()
-                       for name, dim in SHARDED_DIM.items()}}
+    plan = _plan(cfg.sequence_parallel)
     layers = blocks(setup.raw_model)
     for block in layers:
         with torch.no_grad():
             fused = block.mlp.gate_up_proj.weight
             fused.copy_(interleave_gate_up(fused, cfg.tp))
         parallelize_module(block, mesh, plan)
+    if cfg.sequence_parallel:
+        _shard_the_sequence(setup.raw_model, mesh)
     setup.note("tensor_parallel", f"{len(layers)} blocks split {cfg.tp} ways: q, k, v and gate/up colwise, o and "
-                                  "down rowwise (whole heads per rank, key/value heads split alike); norms, "
-                                  "embedding and lm_head whole")
+                                  "down rowwise (whole heads per rank, key/value heads split alike); "
+                                  + ("the residual stream and the block norms split along the sequence "
+                                     "(all-gather before attention and the MLP, reduce-scatter after); "
+                                     if cfg.sequence_parallel else "")
+                                  + "embedding, final norm and lm_head whole")
 
 
 STAGE = Stage(name="tensor_parallel", section="parallel", apply=apply_tensor_parallel, enabled=lambda c: c.tp > 1)

@@ -31,14 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from optimizers import ConfigError
 from optimizers.parallel import LAYOUT_CHECKS, Layout, ParallelConfig, layout
 from optimizers.pipeline import stage_loss
-from optimizers.tensor_parallel import ALL_REDUCES_PER_BLOCK, sharded_dim
+from optimizers.tensor_parallel import ALL_REDUCES_PER_BLOCK, NORMS, sharded_dim
 from profiler.config import RunConfig, build_run_config
-from profiler.saved import SavedTracker, saved_bytes
+from profiler.saved import SavedTracker, forward_saved
 from reference_model.config import model_config
 from reference_model.model import GLMForCausalLM
 from reference_model.trainer import setup_context
@@ -89,7 +90,12 @@ def _shaped(cfg: RunConfig, tp: int, layers: int) -> GLMForCausalLM:
     return GLMForCausalLM(model_config(m.preset, **{**fields, **shape}))
 
 
-def _stage_saved(cfg: RunConfig, tp: int, micro_batch: int, dtype: torch.dtype | None, *,
+def _norms(model: GLMForCausalLM) -> list[nn.Module]:
+    """The block norms, which sequence parallelism runs on 1/tp of the sequence."""
+    return [getattr(block, name) for block in model.blocks for name in NORMS]
+
+
+def _stage_saved(cfg: RunConfig, tp: int, ways: int, micro_batch: int, dtype: torch.dtype | None, *,
                  first: bool) -> tuple[int, int]:
     """Saved bytes of a one-block pipeline stage (the first or the last of two) with its kept output,
     and that output's bytes."""
@@ -98,6 +104,7 @@ def _stage_saved(cfg: RunConfig, tp: int, micro_batch: int, dtype: torch.dtype |
     shape = (micro_batch, cfg.data.seq_len) + (() if first else (cfg.model.hidden_size,))
     x = torch.zeros(shape, dtype=torch.long) if first else torch.zeros(shape, requires_grad=True)
     with SavedTracker(model) as tracker, torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        tracker.split_inside(_norms(model), ways)
         out = model.stage_forward(x)
         if not first:
             stage_loss(out, torch.zeros(shape[:2], dtype=torch.long))
@@ -107,18 +114,21 @@ def _stage_saved(cfg: RunConfig, tp: int, micro_batch: int, dtype: torch.dtype |
 
 def trace_activations(cfg: RunConfig, *, tp: int, micro_batch: int, stages: bool = False) -> ActivationTrace:
     """Trace 1- and 2-block models with tp's local head counts and MLP width under FakeTensorMode,
-    and with `stages` a pipeline's first and last stage of one block each."""
+    and with `stages` a pipeline's first and last stage of one block each. With sequence parallelism
+    what the block norms save, and the residual stream a checkpointed block keeps, is 1/tp."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.switches.amp.dtype)
+    ways = tp if cfg.switches.parallel.sequence_parallel else 1
     hidden = micro_batch * cfg.data.seq_len * cfg.model.hidden_size * 4  # the fp32 residual stream
     with FakeTensorMode():
         ids = torch.zeros(micro_batch, cfg.data.seq_len, dtype=torch.long)
-        one, two = (saved_bytes(_shaped(cfg, tp, layers), ids, dtype) for layers in (1, 2))
+        one, two = (forward_saved(model, ids, dtype, split=(_norms(model), ways))[0]
+                    for model in (_shaped(cfg, tp, layers) for layers in (1, 2)))
         block = two - one
         if not stages:
-            return ActivationTrace(block=block, block_input=hidden, rest=one - block)
-        first, output = _stage_saved(cfg, tp, micro_batch, dtype, first=True)
-        last, logits = _stage_saved(cfg, tp, micro_batch, dtype, first=False)
-    return ActivationTrace(block=block, block_input=hidden, rest=one - block,
+            return ActivationTrace(block=block, block_input=hidden // ways, rest=one - block)
+        first, output = _stage_saved(cfg, tp, ways, micro_batch, dtype, first=True)
+        last, logits = _stage_saved(cfg, tp, ways, micro_batch, dtype, first=False)
+    return ActivationTrace(block=block, block_input=hidden // ways, rest=one - block,
                            stage_rest=(first - block, output, last - block), logits=logits)
 
 
@@ -323,15 +333,37 @@ def _comm(cfg: RunConfig, lay: Layout, par: ParallelConfig, *, gathered_stage: t
     elif lay.dp > 1:
         comm["all_reduce"] += 4 * grads_held  # once per step: accumulation runs no_sync before the last
     if lay.tp > 1:
-        activation = micro * cfg.data.seq_len * cfg.model.hidden_size * compute
-        recompute = 1 if cfg.switches.activation_checkpointing.mode == "full" else 0
-        comm["all_reduce"] += passes * stage_layers * ALL_REDUCES_PER_BLOCK * (2 + recompute) * activation
+        comm_tp = _tensor_parallel_comm(cfg, micro=micro, stage_layers=stage_layers, compute=compute)
+        for kind, payload in comm_tp.items():
+            comm[kind] += passes * payload
     if lay.pp > 1:
         boundary = micro * cfg.data.seq_len * cfg.model.hidden_size * compute
         sides = 1 if lay.pp == 2 else 2  # a middle stage receives and sends on both sides
         comm["send_recv"] = accumulation * m * 2 * sides * boundary  # activations forward, gradients back
     comm["total"] = sum(comm.values())
     return comm
+
+
+def _tensor_parallel_comm(cfg: RunConfig, *, micro: int, stage_layers: int, compute: int) -> dict[str, int]:
+    """Payload bytes of one forward and backward's tensor-parallel collectives, by kind.
+
+    Per block and pass, twice (attention, MLP): forward reduces a rowwise matmul's output (the compute
+    dtype), backward the gradient of the colwise matmuls' input (the norm's output: fp32, the residual
+    stream's dtype). A checkpointed block's recompute stops once backward has what it saved (torch's
+    non-reentrant checkpoint stops early), the MLP's input: the attention's output is reduced again, not
+    the MLP's. Without sequence parallelism each reduction is an all-reduce; with it a reduce-scatter,
+    and an all-gather precedes the colwise matmuls in forward and recompute (fp32) and the rowwise
+    output's gradient in backward (compute dtype), plus the sequence's two ends: the last block's output
+    gathered in forward, the first block's input gradient in backward."""
+    tokens = micro * cfg.data.seq_len * cfg.model.hidden_size
+    ac = cfg.switches.activation_checkpointing
+    recomputed = {"off": 0, "full": stage_layers}.get(ac.mode, math.ceil(stage_layers / ac.every))
+    reduced = (stage_layers * ALL_REDUCES_PER_BLOCK * (compute + 4) + recomputed * compute) * tokens
+    if not cfg.switches.parallel.sequence_parallel:
+        return {"all_reduce": reduced}
+    gathered = (stage_layers * ALL_REDUCES_PER_BLOCK * (4 + compute) + recomputed * ALL_REDUCES_PER_BLOCK * 4
+                + 2 * 4) * tokens
+    return {"reduce_scatter": reduced, "all_gather": gathered}
 
 
 def _assumptions(lay: Layout, par: ParallelConfig, in_flight: float, stage: int, amp: str) -> list[str]:

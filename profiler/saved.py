@@ -61,6 +61,20 @@ class SavedTracker:
         self.copies: dict[int, int] = {}
         """Autocast's weight copies that were saved: storage -> bytes."""
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda ticket: ticket.tensor)
+        self._ways = 1
+        self._handles: list[Any] = []
+
+    def split_inside(self, modules: list[nn.Module], ways: int) -> None:
+        """Count what is first saved while one of `modules` runs at 1/`ways` of its bytes: a trace at
+        whole-sequence shapes of modules that a rank runs on 1/ways of the sequence (sequence parallelism)."""
+        def enter(*_: Any) -> None:
+            self._ways = ways
+
+        def leave(*_: Any) -> None:
+            self._ways = 1
+
+        for module in modules:
+            self._handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
 
     def hold(self, t: torch.Tensor, owner: object | None = None) -> None:
         """Count `t`'s storage until `owner` (default: `t` itself) is freed."""
@@ -68,7 +82,7 @@ class SavedTracker:
         key = storage._cdata
         if key in self._own:
             return
-        entry = self._live.setdefault(key, [storage.nbytes(), 0])
+        entry = self._live.setdefault(key, [storage.nbytes() // self._ways, 0])
         if entry[1] == 0:
             self.current += entry[0]
             self.peak = max(self.peak, self.current)
@@ -100,14 +114,20 @@ class SavedTracker:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
         self._hooks.__exit__(kind, error, trace)
+        for handle in self._handles:
+            handle.remove()
 
 
-def forward_saved(model: nn.Module, input_ids: torch.Tensor, autocast_dtype: torch.dtype | None) -> tuple[int, int]:
+def forward_saved(model: nn.Module, input_ids: torch.Tensor, autocast_dtype: torch.dtype | None, *,
+                  split: tuple[list[nn.Module], int] | None = None) -> tuple[int, int]:
     """(Bytes of the distinct storages one forward saves for backward plus the logits, bytes of the
-    weight copies autocast saved): what a step holds between forward and backward. Real or fake tensors."""
+    weight copies autocast saved): what a step holds between forward and backward. Real or fake tensors.
+    `split`: modules whose saves count at 1/ways (`SavedTracker.split_inside`)."""
     device_type = input_ids.device.type
     with SavedTracker(model) as tracker, torch.autocast(device_type, dtype=autocast_dtype,
                                                         enabled=autocast_dtype is not None):
+        if split is not None:
+            tracker.split_inside(*split)
         out = model(input_ids, labels=input_ids)
     tracker.hold(out.logits)
     return tracker.current, sum(tracker.copies.values())

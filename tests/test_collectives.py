@@ -23,9 +23,12 @@ from tests.test_import_errors import GOOD as A100_TRACE
 from tests.test_report_pages import Page, values
 
 LAYOUTS = {"fsdp": ("switches.parallel.fsdp=2",), "tp": ("switches.parallel.tp=2",),
+           "sp": ("switches.parallel.tp=2", "switches.parallel.sequence_parallel=true", "switches.amp.dtype=bf16",
+                  "switches.activation_checkpointing.mode=full"),
            "pp": ("switches.parallel.pp=2", "data.seq_len=256")}
 """The pipeline on 256 tokens: at 64 its steps are near host bound (about 40% of operator time in calls
-under 10 us), where more micro-batches are not advised."""
+under 10 us), where more micro-batches are not advised. Sequence parallelism under bf16 and full
+checkpointing: its all-gathers and reduce-scatters in two dtypes, and a recompute that stops early."""
 PLANNED = {"all_gather", "reduce_scatter", "all_reduce", "send_recv"}
 """The kinds `glmperf plan` counts (a loss broadcast or a gradient-norm all-reduce of a few bytes it leaves out)."""
 

@@ -85,6 +85,10 @@ def test_glm4_9b_fits_8_h200s_only_when_sharded() -> None:
     (2, ["switches.parallel.pp=2", "switches.parallel.microbatches=3"], "microbatches=3 does not divide"),
     (6, ["switches.parallel.pp=3", "switches.parallel.microbatches=4"], "3 stages do not divide num_hidden_layers=2"),
     (2, ["switches.parallel.fsdp=2", "switches.param_sharing=all"], "cannot run with switches.param_sharing"),
+    (2, ["switches.parallel.sequence_parallel=true"], "sequence_parallel=true splits the sequence over "
+                                                      "tensor-parallel ranks: it needs tp > 1"),
+    (2, ["switches.parallel.tp=2", "switches.parallel.sequence_parallel=true", "data.seq_len=63"],
+     "sequence_parallel with tp=2 does not divide data.seq_len=63"),
 ])
 def test_bad_layouts_are_refused_naming_the_degrees(nproc: int, overrides: list[str], message: str) -> None:
     preset = "glm4-9b" if "tp=4" in overrides[0] else "tiny"

@@ -81,6 +81,35 @@ def _bytes(dims: list[Any], types: list[Any], arg: int) -> float:
     return float(np.prod(shape, dtype=np.float64) * ITEMSIZE[types[arg]])
 
 
+def _list_numel(dims: list[Any], types: list[Any], arg: int) -> float:
+    """Elements of argument `arg` when it is a tensor list (its dtype is not recorded), else NaN."""
+    if not 0 <= arg < min(len(dims), len(types)) or types[arg] != "TensorList":
+        return math.nan
+    shapes = dims[arg]
+    if not isinstance(shapes, list) or not all(isinstance(s, list) and all(isinstance(d, int) for d in s)
+                                               for s in shapes):
+        return math.nan
+    return float(sum(np.prod(shape, dtype=np.float64) for shape in shapes))
+
+
+FUNCTIONAL = "_c10d_functional::"
+"""DTensor's collectives: the operator that encloses a coalesced c10d operator and names its dtype."""
+
+
+def _enclosing_itemsize(host: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
+    """Bytes per element of each operator's enclosing functional collective (its first argument), or NaN."""
+    outer = host[(host["role"] == WAIT) & host["name"].str.startswith(FUNCTIONAL, na=False)]
+    sizes = np.full(len(ops), np.nan)
+    for thread, part in outer.groupby("thread"):
+        starts, ends = part["ts"].to_numpy(), (part["ts"] + part["dur"]).to_numpy()
+        items = [ITEMSIZE.get((_parse(t) or [None])[0], np.nan) for t in part["types"]]
+        mine = (ops["thread"] == thread).to_numpy()
+        at = np.searchsorted(starts, ops["ts"].to_numpy()[mine], side="right") - 1
+        inside = (at >= 0) & (ops["ts"].to_numpy()[mine] <= ends[np.maximum(at, 0)])
+        sizes[np.flatnonzero(mine)[inside]] = np.asarray(items)[at[inside]]
+    return sizes
+
+
 OTHER, OP, BACKEND, WAIT, ATEN, STEP = range(6)
 """What a host event is to this analysis, from its name."""
 
@@ -106,7 +135,7 @@ def _host(trace: Trace) -> pd.DataFrame:
     host = ev.loc[keep, ["name", "thread", "ts", "dur", "input_dims", "input_types"]]
     out = pd.DataFrame({"role": role[keep], "thread": host["thread"].to_numpy(), "ts": host["ts"].to_numpy(),
                         "dur": host["dur"].to_numpy()})
-    named = np.isin(out["role"].to_numpy(), (OP, BACKEND))
+    named = np.isin(out["role"].to_numpy(), (OP, BACKEND, WAIT))
     lookup = np.append(np.asarray(trace.names, dtype=object), None)
     for column, source in (("name", "name"), ("dims", "input_dims"), ("types", "input_types")):
         values = np.full(len(out), None, dtype=object)
@@ -178,6 +207,12 @@ def analyze(trace: Trace, steps: int, window: Window | None = None) -> dict[str,
         return {}
     ops["kind"], ops["family"], arg = zip(*ops["name"].map(OPS), strict=True)
     ops["bytes"] = [_bytes(_parse(d), _parse(t), a) for d, t, a in zip(ops["dims"], ops["types"], arg, strict=True)]
+    # a coalesced operator (DTensor's) records its tensors' shapes but not their dtype: the enclosing one has it
+    numel = np.array([_list_numel(_parse(d), _parse(t), a) for d, t, a in zip(ops["dims"], ops["types"], arg,
+                                                                                strict=True)])
+    listed = np.isfinite(numel)
+    if listed.any():
+        ops.loc[listed, "bytes"] = numel[listed] * _enclosing_itemsize(host, ops[listed])
     backend = host[host["role"] == BACKEND].copy()
     found = backend["name"].str.extract(_BACKEND)
     backend["family"] = found[1].map(lambda f: _FAMILY.get(f, f))

@@ -28,7 +28,7 @@ import pandas as pd
 
 BLOCK_BYTES = 16 * 2**20
 """Decompressed bytes parsed at a time: big enough that per-block costs vanish, small enough to bound memory."""
-TYPED = ("c10d::", "gloo:", "nccl:")
+TYPED = ("c10d::", "_c10d_functional::", "gloo:", "nccl:")
 """Events whose `Input type` is kept: the process group's operators and the backends' (dtypes give their bytes)."""
 HEADER_LIMIT = 64 * 2**20
 """Bytes before `"traceEvents"` beyond which a file is not a trace (its header is a few KB)."""
