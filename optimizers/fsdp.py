@@ -4,7 +4,8 @@ Every parameter becomes a DTensor sharded on dim 0 over the mesh's fsdp dim, so 
 1/fsdp of the parameters and, since gradients and optimizer state follow their parameters, of
 those too. Each block is its own unit (its parameters are all-gathered just before its forward and
 its gradients reduce-scattered as soon as its backward ends, overlapping the neighbours' compute);
-the root unit, applied last, holds the rest (embedding, final norm, lm_head). With dp > 1 as well
+the root unit, applied last, holds the rest (embedding, final norm, lm_head; on a pipeline stage,
+what the stage keeps of them). With dp > 1 as well
 the mesh is 2-D (HSDP): shards within fsdp, replicas across dp, whose gradients are all-reduced.
 
 `reshard_after_forward` chooses ZeRO-3 (free after forward, gather again in backward) or a
@@ -42,8 +43,11 @@ def apply_fsdp(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> Non
     distinct = list({id(b): b for b in blocks(setup.raw_model)}.values())
     for block in distinct:
         fully_shard(block, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=policy)
-    # the root keeps its parameters gathered after forward (torch's default for it): backward needs them first
-    fully_shard(setup.raw_model, mesh=mesh, mp_policy=policy)
+    # the root keeps its parameters gathered after forward (torch's default for it): backward needs them first.
+    # A pipeline stage's root is the module its schedule calls, which then accumulates the micro-batches'
+    # gradients unsharded and reduce-scatters them once, after the last backward (torch.distributed.pipelining)
+    root = setup.pipeline.module if setup.pipeline is not None else setup.raw_model
+    fully_shard(root, mesh=mesh, mp_policy=policy)
     kind = "HSDP" if lay.dp > 1 else ("ZeRO-3" if cfg.reshard_after_forward else "ZeRO-2-like")
     dtype = str(setup.autocast_dtype).removeprefix("torch.") if setup.autocast_dtype else "fp32"
     setup.note("fsdp", f"{kind}: {len(distinct)} blocks then the root sharded {lay.fsdp} ways"

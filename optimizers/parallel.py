@@ -177,10 +177,6 @@ def _check_trainer(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
     if cfg.model_parallel == 1:
         return None
     if cfg.pp > 1:
-        if cfg.pp != ctx.world_size:
-            return (f"pp={cfg.pp} on {ctx.world_size} ranks: this trainer runs a pipeline alone (no data, fsdp "
-                    f"or tp degree beside it); allowed: pp = the world size ({ctx.world_size}); `glmperf plan` "
-                    "plans the combinations")
         if cfg.schedule == "interleaved_1f1b":
             return "schedule=interleaved_1f1b is planned by `glmperf plan`, not trained here; allowed: gpipe, 1f1b"
         if switches.grad_accumulation.steps > 1:
@@ -188,12 +184,14 @@ def _check_trainer(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
                     "micro-batches are the accumulation; raise switches.parallel.microbatches instead")
         if ctx.objective != "causal":
             return f"pp={cfg.pp}: stages pass hidden states only, so no attention mask; allowed: data.objective=causal"
-    if cfg.tp > 1 and cfg.fsdp == 1 and ctx.world_size > cfg.model_parallel:
-        return (f"tp={cfg.tp} with {ctx.world_size // cfg.model_parallel} data-parallel replicas: replicas of a "
-                f"tensor-parallel model synchronize through FSDP here; allowed: fsdp x tp = the world size "
-                f"(switches.parallel.fsdp={ctx.world_size // cfg.tp})")
+    replicas = ctx.world_size // cfg.model_parallel
+    if (cfg.tp > 1 or cfg.pp > 1) and cfg.fsdp == 1 and replicas > 1:
+        return (f"tp={cfg.tp} x pp={cfg.pp} with {replicas} data-parallel replicas: replicas of a tensor-parallel "
+                f"or pipelined model synchronize through FSDP here; allowed: fsdp x tp x pp = the world size "
+                f"(switches.parallel.fsdp={replicas})")
     if switches.amp.dtype == "fp16":
-        return f"fsdp={cfg.fsdp} with amp=fp16: the GradScaler does not unscale sharded gradients; use amp=bf16"
+        return (f"fsdp={cfg.fsdp}, tp={cfg.tp}, pp={cfg.pp} with amp=fp16: the GradScaler does not unscale "
+                "sharded or pipelined gradients; use amp=bf16")
     return None
 
 

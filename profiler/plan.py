@@ -260,7 +260,9 @@ def plan(cfg: RunConfig, nproc: int, *, capacity_bytes: int | None = None, advis
         return _activations(trace, stage_layers, mode, every=every, extra=extra, in_flight=in_flight) + done
 
     def rank_bytes(s: int) -> dict[str, int]:
-        if lay.fsdp > 1:  # gathered in the compute dtype, so autocast copies nothing
+        if lay.fsdp > 1 and lay.pp > 1:  # every block gathered by the end, with its unsharded gradient
+            buffers = 2 * gather_bytes * (root[s] + sum(units[s]))
+        elif lay.fsdp > 1:  # gathered in the compute dtype, so autocast copies nothing
             blocks_gathered = units[s] if not par.reshard_after_forward else sorted(units[s])[-2:]
             buffers = gather_bytes * (root[s] + sum(blocks_gathered))
         else:  # autocast's copy of each matmul weight, made once per step and kept for backward
@@ -325,11 +327,20 @@ def _comm(cfg: RunConfig, lay: Layout, par: ParallelConfig, *, gathered_stage: t
     passes = accumulation * m  # forward/backward passes per optimizer step
     comm = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0, "send_recv": 0}
     if lay.fsdp > 1:
-        regather = blocks if par.reshard_after_forward else 0  # backward gathers resharded blocks again
-        comm["all_gather"] = passes * gather_bytes * (blocks + root + regather)
-        comm["reduce_scatter"] = passes * 4 * (blocks + root)
+        # a pipeline stage accumulates its micro-batches' gradients unsharded and reduce-scatters once
+        # (torch.distributed.pipelining): a block stays gathered from its first backward to then, so with
+        # resharding it is gathered by each forward before that and once in backward (m + 1 under GPipe
+        # and 1F1B alike), without it once; the root, never resharded after forward, once
+        reductions = accumulation if lay.pp > 1 else passes
+        if lay.pp > 1:
+            gathers = accumulation * (blocks * (m + 1 if par.reshard_after_forward else 1) + root)
+        else:
+            regather = blocks if par.reshard_after_forward else 0  # backward gathers resharded blocks again
+            gathers = passes * (blocks + root + regather)
+        comm["all_gather"] = gather_bytes * gathers
+        comm["reduce_scatter"] = reductions * 4 * (blocks + root)
         if lay.dp > 1:
-            comm["all_reduce"] += passes * 4 * grads_held
+            comm["all_reduce"] += reductions * 4 * grads_held
     elif lay.dp > 1:
         comm["all_reduce"] += 4 * grads_held  # once per step: accumulation runs no_sync before the last
     if lay.tp > 1:
@@ -374,7 +385,11 @@ def _assumptions(lay: Layout, par: ParallelConfig, in_flight: float, stage: int,
         "allocator fragmentation, the CUDA context (~0.5-1 GB) and transient workspaces are not counted",
         "communication is payload bytes per optimizer step, not link time",
     ]
-    if lay.fsdp > 1:
+    if lay.fsdp > 1 and lay.pp > 1:
+        said.append("FSDP buffers on a pipeline stage: every block and the root gathered, and their gradients "
+                    "accumulated unsharded over the micro-batches until the step's one reduce-scatter "
+                    "(torch.distributed.pipelining), both in the dtype FSDP gathers")
+    elif lay.fsdp > 1:
         said.append("FSDP buffers: the root unit and " + ("two blocks (the current and the prefetched one)"
                     if par.reshard_after_forward else "every block (reshard_after_forward=false)")
                     + " gathered at once")

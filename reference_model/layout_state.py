@@ -39,6 +39,9 @@ class StateLayout:
     """The model's number of this rank's block 0 (a pipeline stage's first block)."""
     pp_group: dist.ProcessGroup | None = None
     """The pipeline's group when the model is cut into stages: their parts are gathered on rank 0."""
+    gathers: bool = True
+    """Whether this rank sends its stage's part to rank 0: the pipeline of rank 0 does (its other
+    coordinates are 0); the others' stages hold the same full state after the stage's own gathers."""
 
 
 def state_layout(setup: TrainSetup, cfg: ParallelConfig) -> StateLayout:
@@ -46,8 +49,9 @@ def state_layout(setup: TrainSetup, cfg: ParallelConfig) -> StateLayout:
     if setup.mesh is None:
         return StateLayout()
     pp = setup.mesh["pp"]
+    leader = all(setup.mesh.get_local_rank(dim) == 0 for dim in ("dp", "fsdp", "tp"))
     return StateLayout(collective=True, tp=cfg.tp, first_block=pp.get_local_rank() * len(blocks(setup.raw_model)),
-                       pp_group=pp.get_group() if cfg.pp > 1 else None)
+                       pp_group=pp.get_group() if cfg.pp > 1 else None, gathers=leader)
 
 
 def _renumber(name: str, shift: int) -> str:
@@ -100,6 +104,8 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer,
     model_sd = get_model_state_dict(model, options=options)
     optim_sd = get_optimizer_state_dict(model, optimizer, options=options)
     if lay.pp_group is not None:
+        if not lay.gathers:
+            return None
         model_sd = {name: t.detach().cpu() for name, t in model_sd.items()}
         optim_sd["state"] = {name: {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
                              for name, s in optim_sd["state"].items()}

@@ -23,14 +23,15 @@ from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.trainer import Trainer
 from tests.parallel_worker import SEQ_LEN, Losses
 from tests.test_switch_ddp import torchrun
-from tests.test_switch_parallel import BATCH, FSDP2, FSDP2_TP2, LOSS_TOL, PP2, SP2, TP2, WORKER
+from tests.test_switch_parallel import BATCH, FOUR_RANKS, FSDP2, FSDP2_TP2, LOSS_TOL, PP2, SP2, TP2, WORKER
 
 SAVED = 2
 STEPS = SAVED + 1
-LAYOUTS = {"fsdp": FSDP2, "tp": TP2, "sp": SP2, "pp": PP2["1f1b"], "fsdp-tp": FSDP2_TP2}
-NPROC = {"fsdp-tp": 4}
+LAYOUTS = {"fsdp": FSDP2, "tp": TP2, "sp": SP2, "pp": PP2["1f1b"], "fsdp-tp": FSDP2_TP2,
+           "pp-fsdp": FOUR_RANKS["pp-fsdp"]}
+NPROC = {"fsdp-tp": 4, "pp-fsdp": 4}
 """Ranks of a layout's launch (2 unless named)."""
-GLOBAL_BATCH = {"fsdp": 2 * BATCH, "tp": BATCH, "sp": BATCH, "pp": BATCH, "fsdp-tp": 2 * BATCH}
+GLOBAL_BATCH = {"fsdp": 2 * BATCH, "tp": BATCH, "sp": BATCH, "pp": BATCH, "fsdp-tp": 2 * BATCH, "pp-fsdp": 2 * BATCH}
 """One process's batch for the same data as the layout's ranks (fsdp splits it, tp and pp share it)."""
 pytestmark = pytest.mark.slow
 

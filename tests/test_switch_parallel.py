@@ -33,6 +33,12 @@ FSDP2 = {"parallel": {"fsdp": 2}}
 TP2 = {"parallel": {"tp": 2}}
 SP2 = {"parallel": {"tp": 2, "sequence_parallel": True}}
 FSDP2_TP2 = {"parallel": {"fsdp": 2, "tp": 2}}
+FOUR_RANKS = {"fsdp-tp": FSDP2_TP2,
+              "pp-fsdp": {"parallel": {"pp": 2, "fsdp": 2, "microbatches": 2}},
+              "pp-tp": {"parallel": {"pp": 2, "tp": 2, "sequence_parallel": True, "microbatches": 2,
+                                     "schedule": "gpipe"}}}
+"""Layouts of 4 ranks; the mesh is pp x dp x fsdp x tp, so ranks (0, 1) and (2, 3) share a pipeline stage or
+a data replica, and ranks (0, 2) and (1, 3) a tensor-parallel group or a pipeline."""
 PP2 = {"gpipe": {"parallel": {"pp": 2, "microbatches": 2, "schedule": "gpipe"}},
        "1f1b": {"parallel": {"pp": 2, "microbatches": 2, "schedule": "1f1b"}}}
 SMALL_PP = {"parallel": {"pp": 2, "microbatches": 4, "schedule": "1f1b"}, "amp": {"dtype": "bf16"}}
@@ -68,11 +74,12 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("parallel4")
-    scenario = {"name": "fsdp-tp", "preset": "tiny", "switches": FSDP2_TP2, "steps": STEPS, "batch_size": BATCH}
-    code, output = torchrun(out, [scenario], worker=WORKER, nproc=4)
+    scenarios = [{"name": name, "preset": "tiny", "switches": switches, "steps": STEPS, "batch_size": BATCH}
+                 for name, switches in FOUR_RANKS.items()]
+    code, output = torchrun(out, scenarios, worker=WORKER, nproc=4)
     if code != 0:
         pytest.fail(f"torchrun exited {code}:\n{output[-4000:]}")
-    return [json.loads((out / f"rank{r}.json").read_text())["results"]["fsdp-tp"] for r in range(4)]
+    return [json.loads((out / f"rank{r}.json").read_text())["results"] for r in range(4)]
 
 
 def one_process_losses(tmp_path: Path, batch_size: int = 2 * BATCH) -> list[float]:
@@ -126,17 +133,46 @@ def test_plan_agrees_with_each_pipeline_stage(ranks: list[dict], name: str, pres
 
 
 def test_fsdp_by_tp_on_four_ranks_trains_like_one_process(four_ranks: list[dict], tmp_path: Path) -> None:
-    losses = [r["losses"] for r in four_ranks]  # ranks (0, 1) and (2, 3) are tensor-parallel pairs
+    ranks = [r["fsdp-tp"] for r in four_ranks]
+    losses = [r["losses"] for r in ranks]  # ranks (0, 1) and (2, 3) are tensor-parallel pairs
     assert losses[0] == pytest.approx(losses[1], abs=1e-6) and losses[2] == pytest.approx(losses[3], abs=1e-6)
     mean = [(a + b) / 2 for a, b in zip(losses[0], losses[2], strict=True)]
     assert mean == pytest.approx(one_process_losses(tmp_path), abs=LOSS_TOL)
     cfg = build_run_config({"model": {"preset": "tiny"}, "data": {"seq_len": SEQ_LEN},
                             "train": {"batch_size": BATCH}, "switches": FSDP2_TP2})
     planned = plan(cfg, 4).per_rank_bytes
-    for r in four_ranks:
+    for r in ranks:
         for part in ("params", "grads", "optimizer"):
             assert planned[part] == pytest.approx(r["held"][part], rel=0.10), part
         assert planned["activations"] == pytest.approx(r["activations"], rel=0.10)
+
+
+def test_a_pipeline_beside_fsdp_trains_like_one_process(four_ranks: list[dict], tmp_path: Path) -> None:
+    """Stage 0 on ranks 0 and 1, stage 1 on 2 and 3, each stage sharded over its two ranks: the pipelines
+    (0, 2) and (1, 3) each train their half of the batch, and the stages reduce their gradients once a step."""
+    losses = [r["pp-fsdp"]["losses"] for r in four_ranks]
+    assert losses[0] == losses[2] and losses[1] == losses[3]
+    assert losses[0][0] != pytest.approx(losses[1][0], abs=1e-3)
+    mean = [(a + b) / 2 for a, b in zip(losses[0], losses[1], strict=True)]
+    assert mean == pytest.approx(one_process_losses(tmp_path), abs=LOSS_TOL)
+
+
+def test_a_pipeline_beside_tensor_parallelism_trains_like_one_process(four_ranks: list[dict], tmp_path: Path) -> None:
+    losses = [r["pp-tp"]["losses"] for r in four_ranks]
+    assert all(loss == pytest.approx(losses[0], abs=1e-6) for loss in losses)
+    assert losses[0] == pytest.approx(one_process_losses(tmp_path, batch_size=BATCH), abs=LOSS_TOL)
+
+
+@pytest.mark.parametrize("name", ["pp-fsdp", "pp-tp"])
+def test_plan_agrees_with_each_stage_of_a_composed_pipeline(four_ranks: list[dict], name: str) -> None:
+    cfg = build_run_config({"model": {"preset": "tiny"}, "data": {"seq_len": SEQ_LEN},
+                            "train": {"batch_size": BATCH}, "switches": FOUR_RANKS[name]})
+    planned = plan(cfg, 4).per_stage_bytes
+    for rank, results in enumerate(four_ranks):
+        measured, stage = results[name], rank // 2
+        for part in ("params", "grads", "optimizer"):
+            assert planned[stage][part] == pytest.approx(measured["held"][part], rel=0.10), (name, rank, part)
+        assert planned[stage]["activations"] == pytest.approx(measured["activations"], rel=0.10), (name, rank)
 
 
 @pytest.mark.parametrize("name", ["fsdp", "zero2"])
