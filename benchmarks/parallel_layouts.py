@@ -7,7 +7,7 @@ steps outside the profiler's window (each token once: ranks sharing a batch coun
 bytes of parameters, gradients and optimizer state a rank holds (run.json `ranks[].held_bytes`, the
 largest rank), the process's peak RSS, the collectives' payload bytes per step and the exposed share
 of the step as the traces show them (summary.trace.ranks.*.collectives, the largest rank; for a
-pipeline the exposed send/recv as a share of its schedule, next to the bubble (p-1)/(m+p-1)), and
+pipeline the exposed send/recv as a share of its schedule, next to the bubble (p-1)/(v*m+p-1)), and
 `glmperf plan`'s figures for the same config beside them. Planned, for glm-1.5b
 and glm4-9b on 8 H200s per layout: the per-rank bytes, whether they fit, communication per step and
 the pipeline bubble. Writes benchmarks/results/parallel_layouts.{md,json}.
@@ -47,9 +47,16 @@ MEASURED = [  # (preset, nproc, label, overrides)
     ("small", 2, "tp=2", ["switches.parallel.tp=2"]),
     ("small", 2, "tp=2, sequence_parallel", ["switches.parallel.tp=2", "switches.parallel.sequence_parallel=true"]),
     ("small", 2, "pp=2 (1f1b, 2 micro-batches)", ["switches.parallel.pp=2", "switches.parallel.microbatches=2"]),
+    ("small", 2, "pp=2 (interleaved 1f1b, 2 chunks, 2 micro-batches)",
+     ["switches.parallel.pp=2", "switches.parallel.microbatches=2", "switches.parallel.schedule=interleaved_1f1b"]),
     ("small", 4, "DDP", []),
     ("small", 4, "fsdp=4", ["switches.parallel.fsdp=4"]),
     ("small", 4, "fsdp=2 x tp=2", ["switches.parallel.fsdp=2", "switches.parallel.tp=2"]),
+    ("small", 4, "fsdp=2 x pp=2 (1f1b, 2 micro-batches)", ["switches.parallel.fsdp=2", "switches.parallel.pp=2",
+                                                          "switches.parallel.microbatches=2"]),
+    ("small", 4, "tp=2 x pp=2, sequence_parallel (1f1b, 2 micro-batches)",
+     ["switches.parallel.tp=2", "switches.parallel.sequence_parallel=true", "switches.parallel.pp=2",
+      "switches.parallel.microbatches=2"]),
 ]
 
 PLANNED = [  # 8 GPUs: (label, overrides)
@@ -64,6 +71,9 @@ PLANNED = [  # 8 GPUs: (label, overrides)
                                                "switches.parallel.microbatches=4"]),
     ("tp=2 x pp=4 (gpipe, 4 micro-batches)", ["switches.parallel.tp=2", "switches.parallel.pp=4",
                                               "switches.parallel.schedule=gpipe", "switches.parallel.microbatches=4"]),
+    ("fsdp=2 x pp=4 (interleaved 1f1b, 2 chunks, 4 micro-batches)",
+     ["switches.parallel.fsdp=2", "switches.parallel.pp=4", "switches.parallel.schedule=interleaved_1f1b",
+      "switches.parallel.microbatches=4"]),
 ]
 
 
@@ -86,7 +96,6 @@ def measure(preset: str, nproc: int, overrides: list[str], steps: int, runs_dir:
     ranks = list(collectives_by_rank(record["summary"]).values())
     figures = {name: f["value"] for name, f in record["diagnosis"]["figures"].items()}
     par = cfg.switches.parallel
-    m = par.pipeline_microbatches
     p = plan(cfg, nproc)
     return {"tokens_per_s": record["summary"]["tokens_per_s"],
             "held": {part: max(h[part] for h in held) for part in ("params", "grads", "optimizer")},
@@ -94,7 +103,7 @@ def measure(preset: str, nproc: int, overrides: list[str], steps: int, runs_dir:
             "comm_bytes": max(sum(k["bytes"] for k in r["kinds"].values()) for r in ranks) if ranks else None,
             "comm_exposed": figures.get("comm_exposed"),
             "pipeline_wait": figures["comm_exposed.send_recv"] / figures["share.forward"] if par.pp > 1 else None,
-            "bubble": (par.pp - 1) / (m + par.pp - 1) if par.pp > 1 else None,
+            "bubble": p.bubble,
             "planned": p.per_rank_bytes, "planned_comm": p.comm_bytes_per_step["total"]}
 
 

@@ -44,10 +44,10 @@ def apply_fsdp(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> Non
     for block in distinct:
         fully_shard(block, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward, mp_policy=policy)
     # the root keeps its parameters gathered after forward (torch's default for it): backward needs them first.
-    # A pipeline stage's root is the module its schedule calls, which then accumulates the micro-batches'
-    # gradients unsharded and reduce-scatters them once, after the last backward (torch.distributed.pipelining)
-    root = setup.pipeline.module if setup.pipeline is not None else setup.raw_model
-    fully_shard(root, mesh=mesh, mp_policy=policy)
+    # On a pipeline rank each chunk its schedule calls is a root, whose micro-batches' gradients the schedule
+    # then accumulates unsharded and reduce-scatters once, after the last backward (torch.distributed.pipelining)
+    for root in setup.pipeline.modules if setup.pipeline is not None else [setup.raw_model]:
+        fully_shard(root, mesh=mesh, mp_policy=policy)
     kind = "HSDP" if lay.dp > 1 else ("ZeRO-3" if cfg.reshard_after_forward else "ZeRO-2-like")
     dtype = str(setup.autocast_dtype).removeprefix("torch.") if setup.autocast_dtype else "fp32"
     setup.note("fsdp", f"{kind}: {len(distinct)} blocks then the root sharded {lay.fsdp} ways"

@@ -67,6 +67,11 @@ class ParallelConfig(Section):
         return self.fsdp * self.tp * self.pp
 
     @property
+    def chunks_per_rank(self) -> int:
+        """Model chunks each pipeline rank runs: virtual_stages under interleaved 1F1B, else one."""
+        return self.virtual_stages if self.schedule == "interleaved_1f1b" else 1
+
+    @property
     def pipeline_microbatches(self) -> int:
         return self.microbatches or self.pp
 
@@ -136,7 +141,7 @@ def layout_problem(cfg: ParallelConfig, world_size: int, shape: ModelShape | Non
                         f"an equal share of the MLP width; allowed tp: "
                         f"{_divisors(math.gcd(shape.num_heads, shape.num_kv_heads, shape.intermediate_size))}")
     if cfg.pp > 1:
-        chunks = cfg.pp * (cfg.virtual_stages if cfg.schedule == "interleaved_1f1b" else 1)
+        chunks = cfg.pp * cfg.chunks_per_rank
         if shape.num_layers % chunks:
             return (f"pp={cfg.pp}" + (f" x virtual_stages={cfg.virtual_stages}" if chunks != cfg.pp else "")
                     + f" = {chunks} stages do not divide num_hidden_layers={shape.num_layers}; allowed: a "
@@ -177,8 +182,6 @@ def _check_trainer(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
     if cfg.model_parallel == 1:
         return None
     if cfg.pp > 1:
-        if cfg.schedule == "interleaved_1f1b":
-            return "schedule=interleaved_1f1b is planned by `glmperf plan`, not trained here; allowed: gpipe, 1f1b"
         if switches.grad_accumulation.steps > 1:
             return (f"pp={cfg.pp} with grad_accumulation={switches.grad_accumulation.steps}: the schedule's "
                     "micro-batches are the accumulation; raise switches.parallel.microbatches instead")

@@ -7,12 +7,15 @@ stages, sending activations forward and their gradients back (send/recv), and ac
 stage's gradients over the micro-batches, each scaled by 1/m so the step's gradient is the whole
 batch's. GPipe runs every forward, then every backward (m micro-batches of activations held);
 1F1B starts backward as soon as the last stage has a micro-batch (at most p held). Either way a
-rank idles (p-1)/(m+p-1) of the step, the bubble, which more micro-batches shrink.
+rank idles (p-1)/(m+p-1) of the step, the bubble, which more micro-batches shrink. Interleaved
+1F1B cuts the blocks into pp x v chunks instead, rank s running chunks s, s+p, ...: a micro-batch
+passes every rank v times, the bubble shrinks to (p-1)/(v*m+p-1), and sends multiply by v.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -25,14 +28,30 @@ from optimizers.parallel import ParallelConfig
 
 
 class StageModule(nn.Module):
-    """What a pipeline stage calls: the model's `stage_forward` (the parameters keep the model's names)."""
+    """What the schedule calls for one chunk of the rank's kept blocks, [start, stop): the model's
+    `stage_forward` over them. It registers only the chunk's parameters (its blocks, the embedding where
+    it begins the model, the final norm and lm_head where it ends it), since the schedule scales each
+    chunk's gradients by 1/m and FSDP shards each chunk as a root."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, start: int, stop: int) -> None:
         super().__init__()
-        self.model = model
+        inner = model.model
+        self.layers = nn.ModuleList(inner.layers[start:stop])
+        self.embed_tokens = inner.embed_tokens if start == 0 else None
+        ends = stop == len(inner.layers)
+        self.norm, self.lm_head = (inner.norm, model.lm_head) if ends else (None, None)
+        self._forward = partial(model.stage_forward, start=start, stop=stop)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.model.stage_forward(x)
+        return self._forward(x)
+
+
+def stage_blocks(stage: int, cfg: ParallelConfig, num_layers: int) -> list[list[int]]:
+    """The model's numbers of the blocks pipeline rank `stage` runs, chunk by chunk: one chunk of
+    consecutive blocks, or v of them under interleaved 1F1B (chunks stage, stage + pp, ...)."""
+    chunks = cfg.pp * cfg.chunks_per_rank
+    size = num_layers // chunks
+    return [list(range(c * size, (c + 1) * size)) for c in range(stage, chunks, cfg.pp)]
 
 
 def stage_loss(logits: Tensor, labels: Tensor) -> Tensor:
@@ -46,8 +65,8 @@ class PipelineRunner:
     rank of the pipeline (the last stage computes it and broadcasts it)."""
 
     schedule: Any
-    module: nn.Module
-    """The stage's module, which the schedule calls once per micro-batch."""
+    modules: list[nn.Module]
+    """The rank's chunks (one unless interleaved), which the schedule calls once per micro-batch each."""
     first: bool
     last: bool
     group: dist.ProcessGroup
@@ -71,26 +90,32 @@ def apply_pipeline(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) ->
     mesh = setup.mesh["pp"]
     stage = mesh.get_local_rank()
     assert ctx.shape is not None  # apply_all reads it off the model
-    per_stage = ctx.shape.num_layers // cfg.pp
+    chunks = stage_blocks(stage, cfg, ctx.shape.num_layers)
     model = setup.raw_model
-    model.keep_stage(stage * per_stage, (stage + 1) * per_stage)
+    model.keep_stage([n for chunk in chunks for n in chunk])
     group = mesh.get_group()
     # imported when a pipeline is built: it loads torch._dynamo, about a second of every start otherwise
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-    module = StageModule(model)
-    pipe = PipelineStage(module, stage, cfg.pp, ctx.device, group=group)
-    schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.schedule]
-    schedule = schedule_class(pipe, n_microbatches=cfg.pipeline_microbatches, loss_fn=stage_loss)
+    size, count = len(chunks[0]), cfg.pp * len(chunks)
+    modules = [StageModule(model, i * size, (i + 1) * size) for i in range(len(chunks))]
+    stages = [PipelineStage(module, stage + i * cfg.pp, count, ctx.device, group=group)
+              for i, module in enumerate(modules)]
+    m = cfg.pipeline_microbatches
+    if cfg.schedule == "interleaved_1f1b":
+        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=stage_loss)
+    else:
+        schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.schedule](
+            stages[0], n_microbatches=m, loss_fn=stage_loss)
     last_rank = dist.get_global_rank(group, cfg.pp - 1)
-    setup.pipeline = PipelineRunner(schedule=schedule, module=module, first=stage == 0, last=stage == cfg.pp - 1,
+    setup.pipeline = PipelineRunner(schedule=schedule, modules=modules, first=stage == 0, last=stage == cfg.pp - 1,
                                     group=group, last_rank=last_rank, device=ctx.device)
     setup.grad_norm_group = group
-    m = cfg.pipeline_microbatches
-    setup.note("pipeline", f"stage {stage} of {cfg.pp}: blocks {stage * per_stage}..{(stage + 1) * per_stage - 1}, "
-                           f"{cfg.schedule} over {m} micro-batches (bubble (p-1)/(m+p-1) = "
-                           f"{(cfg.pp - 1) / (m + cfg.pp - 1):.0%}); forward and backward run inside the "
-                           "schedule, timed as forward")
+    v = len(chunks)
+    held = ", ".join(f"{chunk[0]}..{chunk[-1]}" for chunk in chunks)
+    bubble = f"(p-1)/({'v*' if v > 1 else ''}m+p-1) = {(cfg.pp - 1) / (v * m + cfg.pp - 1):.0%}"
+    setup.note("pipeline", f"stage {stage} of {cfg.pp}: blocks {held}, {cfg.schedule} over {m} micro-batches "
+                           f"(bubble {bubble}); forward and backward run inside the schedule, timed as forward")
 
 
 STAGE = Stage(name="pipeline", section="parallel", apply=apply_pipeline, enabled=lambda c: c.pp > 1)

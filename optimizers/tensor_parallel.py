@@ -93,14 +93,14 @@ def _plan(sequence_parallel: bool) -> dict[str, Any]:
     return plan
 
 
-def _shard_the_sequence(model: nn.Module, mesh: Any) -> None:
-    """Sequence parallelism's two ends: the embedding's output (whole on every tp rank) is cut to this
-    rank's sequence shard entering the first block, and the last block's shards are all-gathered on
-    leaving it, so the final norm, lm_head and loss see the whole sequence as without it."""
+def _shard_the_sequence(layers: list[nn.Module], mesh: Any) -> None:
+    """Sequence parallelism's two ends around consecutive blocks: the embedding's output (or a pipeline
+    neighbour's), whole on every tp rank, is cut to this rank's sequence shard entering the first block,
+    and the last block's shards are all-gathered on leaving it, so the final norm, lm_head, loss and the
+    next pipeline stage see the whole sequence as without it."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
 
-    layers = blocks(model)
     parallelize_module(layers[0], mesh, PrepareModuleInput(
         input_layouts=(Replicate(), None, None, None), desired_input_layouts=(Shard(1), None, None, None),
         use_local_output=True))
@@ -119,8 +119,9 @@ def apply_tensor_parallel(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupCont
             fused = block.mlp.gate_up_proj.weight
             fused.copy_(interleave_gate_up(fused, cfg.tp))
         parallelize_module(block, mesh, plan)
-    if cfg.sequence_parallel:
-        _shard_the_sequence(setup.raw_model, mesh)
+    if cfg.sequence_parallel:  # around each chunk a pipeline schedule calls, or the whole model
+        for chunk in [m.layers for m in setup.pipeline.modules] if setup.pipeline is not None else [layers]:
+            _shard_the_sequence(list(chunk), mesh)
     setup.note("tensor_parallel", f"{len(layers)} blocks split {cfg.tp} ways: q, k, v and gate/up colwise, o and "
                                   "down rowwise (whole heads per rank, key/value heads split alike); "
                                   + ("the residual stream and the block norms split along the sequence "

@@ -100,7 +100,7 @@ def _stage_saved(cfg: RunConfig, tp: int, ways: int, micro_batch: int, dtype: to
     """Saved bytes of a one-block pipeline stage (the first or the last of two) with its kept output,
     and that output's bytes."""
     model = _shaped(cfg, tp, layers=2)
-    model.keep_stage(0, 1) if first else model.keep_stage(1, 2)
+    model.keep_stage([0] if first else [1])
     shape = (micro_batch, cfg.data.seq_len) + (() if first else (cfg.model.hidden_size,))
     x = torch.zeros(shape, dtype=torch.long) if first else torch.zeros(shape, requires_grad=True)
     with SavedTracker(model) as tracker, torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
@@ -279,7 +279,7 @@ def plan(cfg: RunConfig, nproc: int, *, capacity_bytes: int | None = None, advis
     comm = _comm(cfg, lay, par, gathered_stage=(sum(units[stage]), root[stage]), grads_held=held[stage],
                  micro=micro, m=m, accumulation=accumulation, stage_layers=stage_layers, compute=compute,
                  gather_bytes=gather_bytes)
-    v = par.virtual_stages if par.schedule == "interleaved_1f1b" else 1
+    v = par.chunks_per_rank
     bubble = (lay.pp - 1) / (v * m + lay.pp - 1) if lay.pp > 1 else None
     result = Plan(preset=cfg.model.preset, nproc=nproc, layout=lay, micro_batch=micro, per_rank_bytes=per_rank,
                   per_stage_bytes=by_stage,
@@ -348,8 +348,11 @@ def _comm(cfg: RunConfig, lay: Layout, par: ParallelConfig, *, gathered_stage: t
         for kind, payload in comm_tp.items():
             comm[kind] += passes * payload
     if lay.pp > 1:
-        boundary = micro * cfg.data.seq_len * cfg.model.hidden_size * compute
-        sides = 1 if lay.pp == 2 else 2  # a middle stage receives and sends on both sides
+        # the residual stream crosses a boundary: fp32 under autocast, FSDP's gathered dtype under FSDP
+        boundary = micro * cfg.data.seq_len * cfg.model.hidden_size * (gather_bytes if lay.fsdp > 1 else 4)
+        # each chunk receives its input and sends its output, but the model's first input and last output
+        chunks = par.chunks_per_rank
+        sides = 2 * chunks - 1 if lay.pp == 2 else 2 * chunks  # the busiest rank: a middle one from 3 stages
         comm["send_recv"] = accumulation * m * 2 * sides * boundary  # activations forward, gradients back
     comm["total"] = sum(comm.values())
     return comm

@@ -22,6 +22,7 @@ from torch import nn
 
 from optimizers.base import TrainSetup, blocks
 from optimizers.parallel import ParallelConfig
+from optimizers.pipeline import stage_blocks
 from optimizers.tensor_parallel import deinterleave_gate_up, interleave_gate_up
 
 _BLOCK = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -35,8 +36,8 @@ class StateLayout:
     collective: bool = False
     """Whether saving is a collective of every rank (any layout but one process or plain DDP)."""
     tp: int = 1
-    first_block: int = 0
-    """The model's number of this rank's block 0 (a pipeline stage's first block)."""
+    block_numbers: tuple[int, ...] = ()
+    """The model's numbers of this rank's blocks 0, 1, ... (a pipeline stage's; none: the same numbers)."""
     pp_group: dist.ProcessGroup | None = None
     """The pipeline's group when the model is cut into stages: their parts are gathered on rank 0."""
     gathers: bool = True
@@ -48,15 +49,25 @@ def state_layout(setup: TrainSetup, cfg: ParallelConfig) -> StateLayout:
     """The layout of this rank's state under `cfg` (set up in `setup`)."""
     if setup.mesh is None:
         return StateLayout()
+    if cfg.pp == 1:
+        return StateLayout(collective=True, tp=cfg.tp)
     pp = setup.mesh["pp"]
     leader = all(setup.mesh.get_local_rank(dim) == 0 for dim in ("dp", "fsdp", "tp"))
-    return StateLayout(collective=True, tp=cfg.tp, first_block=pp.get_local_rank() * len(blocks(setup.raw_model)),
-                       pp_group=pp.get_group() if cfg.pp > 1 else None, gathers=leader)
+    chunks = stage_blocks(pp.get_local_rank(), cfg, cfg.pp * len(blocks(setup.raw_model)))
+    return StateLayout(collective=True, tp=cfg.tp, block_numbers=tuple(n for chunk in chunks for n in chunk),
+                       pp_group=pp.get_group(), gathers=leader)
 
 
-def _renumber(name: str, shift: int) -> str:
-    match = _BLOCK.match(name)
-    return f"model.layers.{int(match.group(1)) + shift}.{match.group(2)}" if match else name
+def _renumber(names: dict[str, Any], numbers: dict[int, int]) -> dict[str, Any]:
+    """`names` with block numbers mapped by `numbers`; a block missing from it is dropped (another stage's)."""
+    out = {}
+    for name, value in names.items():
+        match = _BLOCK.match(name)
+        if match is None:
+            out[name] = value
+        elif int(match.group(1)) in numbers:
+            out[f"model.layers.{numbers[int(match.group(1))]}.{match.group(2)}"] = value
+    return out
 
 
 def _gate_up(model_sd: dict[str, Any], optim_sd: dict[str, Any], reorder: Any, tp: int) -> None:
@@ -69,16 +80,17 @@ def _gate_up(model_sd: dict[str, Any], optim_sd: dict[str, Any], reorder: Any, t
                 moments[key] = reorder(moment, tp)
 
 
-def _to_model_numbers(model_sd: dict[str, Any], optim_sd: dict[str, Any], shift: int) -> None:
-    for sd in (model_sd, optim_sd["state"]):
-        for name in list(sd):
-            sd[_renumber(name, shift)] = sd.pop(name)
+def _to_numbers(model_sd: dict[str, Any], optim_sd: dict[str, Any], numbers: dict[int, int]) -> dict[str, Any]:
+    """The model's state renumbered (and the optimizer's in place): a stage's to the model's numbers, or the
+    model's to the stage's, dropping the other stages' blocks."""
+    optim_sd["state"] = _renumber(optim_sd["state"], numbers)
     for group in optim_sd["param_groups"]:
-        group["params"] = [_renumber(name, shift) for name in group["params"]]
+        group["params"] = list(_renumber(dict.fromkeys(group["params"]), numbers))
+    return _renumber(model_sd, numbers)
 
 
 def _merge_stages(parts: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One model's state from its stages' (in stage order, so the optimizer's names stay in model order)."""
+    """One model's state from its stages' (names keyed, so their order does not matter on load)."""
     model_sd: dict[str, Any] = {}
     state: dict[str, Any] = {}
     groups = [dict(group, params=[]) for group in parts[0][1]["param_groups"]]
@@ -109,7 +121,7 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer,
         model_sd = {name: t.detach().cpu() for name, t in model_sd.items()}
         optim_sd["state"] = {name: {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
                              for name, s in optim_sd["state"].items()}
-        _to_model_numbers(model_sd, optim_sd, lay.first_block)
+        model_sd = _to_numbers(model_sd, optim_sd, dict(enumerate(lay.block_numbers)))
         parts: list[Any] | None = [None] * dist.get_world_size(lay.pp_group) if dist.get_rank() == 0 else None
         dist.gather_object((model_sd, optim_sd), parts, dst=0, group=lay.pp_group)
         if parts is None:
@@ -134,7 +146,7 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_sd
 
     if lay.pp_group is not None:  # keep this stage's blocks, renumbered as the stage holds them
         own = set(get_model_state_dict(model))
-        _to_model_numbers(model_sd, optim_sd, -lay.first_block)
+        model_sd = _to_numbers(model_sd, optim_sd, {n: i for i, n in enumerate(lay.block_numbers)})
         model_sd = {name: t for name, t in model_sd.items() if name in own}
         optim_sd = {"state": {name: s for name, s in optim_sd["state"].items() if name in own},
                     "param_groups": [dict(g, params=[n for n in g["params"] if n in own])

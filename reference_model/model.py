@@ -229,27 +229,29 @@ class GLMForCausalLM(nn.Module):
                                    ignore_index=IGNORE_INDEX)
         return CausalLMOutput(logits=logits, loss=loss)
 
-    def keep_stage(self, start: int, stop: int) -> None:
-        """Keep only what pipeline stage [start, stop) of the blocks runs (optimizers.pipeline): those
-        blocks, the embedding on the first stage, the final norm and lm_head on the last."""
+    def keep_stage(self, numbers: list[int]) -> None:
+        """Keep only the blocks a pipeline rank runs (optimizers.pipeline), numbered 0..k-1 in the order
+        given: with the embedding when block 0 is among them, the final norm and lm_head when the last is."""
         layers = self.model.layers
-        self.model.layers = nn.ModuleList(layers[i] for i in range(start, stop))
-        if start > 0:
+        self.model.layers = nn.ModuleList(layers[i] for i in numbers)
+        if 0 not in numbers:
             self.model.embed_tokens = None
-        if stop < len(layers):
+        if len(layers) - 1 not in numbers:
             self.model.norm = self.lm_head = None
 
-    def stage_forward(self, x: Tensor) -> Tensor:
-        """A pipeline stage's forward: token ids (B, T) in on the first stage, hidden states (B, T, d)
-        elsewhere; logits (B, T, V) out on the last. Causal attention, positions 0..T-1."""
+    def stage_forward(self, x: Tensor, start: int = 0, stop: int | None = None) -> Tensor:
+        """A pipeline stage's forward through kept blocks [start, stop): token ids (B, T) in where the
+        stage begins the model (block 0 kept, start 0), hidden states (B, T, d) elsewhere; logits (B, T, V)
+        out where it ends the model. Causal attention, positions 0..T-1."""
         inner = self.model
-        if inner.embed_tokens is not None:
+        stop = len(inner.layers) if stop is None else stop
+        if start == 0 and inner.embed_tokens is not None:
             x = inner.embed_tokens(x)  # (B, T, d)
         B, T = x.shape[:2]
         cos, sin = inner.rotary_emb(torch.arange(T, device=x.device).expand(B, T), x.dtype)
-        for block in inner.layers:
+        for block in inner.layers[start:stop]:
             x = block(x, cos, sin, None)
-        if self.lm_head is not None:
+        if stop == len(inner.layers) and self.lm_head is not None:
             x = self.lm_head(inner.norm(x))  # (B, T, V)
         return x
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from optimizers import SwitchesConfig
 from optimizers.config import build_section
@@ -41,11 +42,12 @@ class Losses(TrainerHook):
 def pipeline_peak(pipeline: PipelineRunner, ids: torch.Tensor, dtype: torch.dtype | None) -> tuple[int, int]:
     """The most bytes of saved tensors and kept outputs alive at once while the schedule runs one batch,
     and of the weight copies autocast saved."""
-    module = pipeline.module
-    with SavedTracker(module) as tracker, torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-        handle = module.register_forward_hook(lambda _module, _args, out: tracker.hold(out))
+    with SavedTracker(nn.ModuleList(pipeline.modules)) as tracker, \
+            torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        handles = [m.register_forward_hook(lambda _module, _args, out: tracker.hold(out)) for m in pipeline.modules]
         pipeline(ids, ids)
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     return tracker.peak, sum(tracker.copies.values())
 
 

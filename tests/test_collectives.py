@@ -26,13 +26,20 @@ LAYOUTS = {"fsdp": ("switches.parallel.fsdp=2",), "tp": ("switches.parallel.tp=2
            "sp": ("switches.parallel.tp=2", "switches.parallel.sequence_parallel=true", "switches.amp.dtype=bf16",
                   "switches.activation_checkpointing.mode=full"),
            "pp": ("switches.parallel.pp=2", "data.seq_len=256"),
-           "pp-fsdp": ("switches.parallel.pp=2", "switches.parallel.fsdp=2", "switches.parallel.microbatches=4")}
+           "pp-fsdp": ("switches.parallel.pp=2", "switches.parallel.fsdp=2", "switches.parallel.microbatches=4",
+                       "switches.amp.dtype=bf16"),
+           "interleaved": ("switches.parallel.pp=2", "switches.parallel.schedule=interleaved_1f1b",
+                           "switches.parallel.microbatches=2", "switches.amp.dtype=bf16")}
 NPROC = {"pp-fsdp": 4}
 """Ranks of a layout's run (2 unless named): a pipeline of 2 stages, each sharded over 2 ranks."""
+PRESET = {"interleaved": "small"}
+"""A layout's preset where not `tiny`: two chunks per rank need 4 blocks."""
 """The pipeline on 256 tokens: at 64 its steps are near host bound (about 40% of operator time in calls
 under 10 us), where more micro-batches are not advised. Sequence parallelism under bf16 and full
 checkpointing: its all-gathers and reduce-scatters in two dtypes, and a recompute that stops early. FSDP
-on pipeline stages: blocks gathered by every forward until their first backward, gradients reduced once a step."""
+on pipeline stages: blocks gathered by every forward until their first backward, gradients reduced once a step,
+the stages' boundary in the dtype FSDP gathers. An interleaved pipeline under bf16: fp32 hidden states cross
+three boundaries per micro-batch on each rank."""
 PLANNED = {"all_gather", "reduce_scatter", "all_reduce", "send_recv"}
 """The kinds `glmperf plan` counts (a loss broadcast or a gradient-norm all-reduce of a few bytes it leaves out)."""
 
@@ -41,7 +48,7 @@ PLANNED = {"all_gather", "reduce_scatter", "all_reduce", "send_recv"}
 def runs_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     dirs = {name: tmp_path_factory.mktemp(name) for name in LAYOUTS}
     for name, overrides in LAYOUTS.items():
-        run(Scenario(name, "", "tiny", overrides, nproc=NPROC.get(name, 2)), dirs[name], steps=8)
+        run(Scenario(name, "", PRESET.get(name, "tiny"), overrides, nproc=NPROC.get(name, 2)), dirs[name], steps=8)
     return {name: next(p for p in d.iterdir() if (p / "run.json").exists()) for name, d in dirs.items()}
 
 

@@ -23,15 +23,28 @@ from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.trainer import Trainer
 from tests.parallel_worker import SEQ_LEN, Losses
 from tests.test_switch_ddp import torchrun
-from tests.test_switch_parallel import BATCH, FOUR_RANKS, FSDP2, FSDP2_TP2, LOSS_TOL, PP2, SP2, TP2, WORKER
+from tests.test_switch_parallel import (
+    BATCH,
+    FOUR_RANKS,
+    FSDP2,
+    FSDP2_TP2,
+    INTERLEAVED,
+    LOSS_TOL,
+    PP2,
+    PRESET,
+    SP2,
+    TP2,
+    WORKER,
+)
 
 SAVED = 2
 STEPS = SAVED + 1
 LAYOUTS = {"fsdp": FSDP2, "tp": TP2, "sp": SP2, "pp": PP2["1f1b"], "fsdp-tp": FSDP2_TP2,
-           "pp-fsdp": FOUR_RANKS["pp-fsdp"]}
+           "pp-fsdp": FOUR_RANKS["pp-fsdp"], "interleaved": {"parallel": INTERLEAVED}}
 NPROC = {"fsdp-tp": 4, "pp-fsdp": 4}
 """Ranks of a layout's launch (2 unless named)."""
-GLOBAL_BATCH = {"fsdp": 2 * BATCH, "tp": BATCH, "sp": BATCH, "pp": BATCH, "fsdp-tp": 2 * BATCH, "pp-fsdp": 2 * BATCH}
+GLOBAL_BATCH = {"fsdp": 2 * BATCH, "tp": BATCH, "sp": BATCH, "pp": BATCH, "fsdp-tp": 2 * BATCH, "pp-fsdp": 2 * BATCH,
+                "interleaved": BATCH}
 """One process's batch for the same data as the layout's ranks (fsdp splits it, tp and pp share it)."""
 pytestmark = pytest.mark.slow
 
@@ -40,10 +53,15 @@ def _switches(layout: dict[str, Any], directory: Path, *, resume: bool) -> dict[
     return {**layout, "checkpoint": {"every": 0 if resume else SAVED, "dir": str(directory), "resume": resume}}
 
 
-def one_process(directory: Path, batch_size: int, *, resume: bool) -> list[float]:
+def _one(layout: str) -> str:
+    """The one-process run a layout is checked against: its preset and global batch."""
+    return f"one-{PRESET.get(layout, 'tiny')}-{GLOBAL_BATCH[layout]}"
+
+
+def one_process(directory: Path, batch_size: int, *, resume: bool, preset: str = "tiny") -> list[float]:
     """A one-process run of STEPS steps that saves after step SAVED (or resumes from `directory`)."""
     losses = Losses()
-    Trainer(model_cfg=model_config("tiny"), data_cfg=DataConfig(corpus=["synthetic"], seq_len=SEQ_LEN),
+    Trainer(model_cfg=model_config(preset), data_cfg=DataConfig(corpus=["synthetic"], seq_len=SEQ_LEN),
             train_cfg=TrainConfig(batch_size=batch_size, steps=STEPS, device="cpu"),
             switches=build_section(SwitchesConfig, _switches({}, directory, resume=resume), "switches"),
             hooks=[losses]).fit()
@@ -53,19 +71,23 @@ def one_process(directory: Path, batch_size: int, *, resume: bool) -> list[float
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("parallel-checkpoint")
-    one = {batch: one_process(out / f"one-{batch}", batch, resume=False) for batch in set(GLOBAL_BATCH.values())}
+    one: dict[str, list[float]] = {}
+    for name in LAYOUTS:
+        if _one(name) not in one:
+            one[_one(name)] = one_process(out / _one(name), GLOBAL_BATCH[name], resume=False,
+                                          preset=PRESET.get(name, "tiny"))
     ranks: dict[str, list[dict[str, Any]]] = {}
     for nproc in sorted({NPROC.get(name, 2) for name in LAYOUTS}):
         scenarios = []
         for name in (n for n in LAYOUTS if NPROC.get(n, 2) == nproc):
             saved, layout = out / name, LAYOUTS[name]
-            scenarios += [
+            three = [
                 {"name": f"{name}-save", "switches": _switches(layout, saved, resume=False)},
                 {"name": f"{name}-resume", "switches": _switches(layout, saved, resume=True)},
                 {"name": f"{name}-from-one",
-                 "switches": _switches(layout, out / f"one-{GLOBAL_BATCH[name]}", resume=True)},
+                 "switches": _switches(layout, out / _one(name), resume=True)},
             ]
-        scenarios = [{**s, "preset": "tiny", "steps": STEPS, "batch_size": BATCH} for s in scenarios]
+            scenarios += [{**s, "preset": PRESET.get(name, "tiny"), "steps": STEPS, "batch_size": BATCH} for s in three]
         launch = out / f"ranks{nproc}"
         launch.mkdir()
         code, output = torchrun(launch, scenarios, worker=WORKER, nproc=nproc)
@@ -95,13 +117,13 @@ def test_a_sharded_checkpoint_resumes_its_own_layout_exactly(runs: dict[str, Any
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_a_sharded_checkpoint_resumes_in_one_process(runs: dict[str, Any], layout: str, tmp_path: Path) -> None:
-    resumed = one_process(runs["out"] / layout, GLOBAL_BATCH[layout], resume=True)
+    resumed = one_process(runs["out"] / layout, GLOBAL_BATCH[layout], resume=True, preset=PRESET.get(layout, "tiny"))
     assert len(resumed) == STEPS - SAVED
     assert resumed[0] == pytest.approx(_step_loss(runs["ranks"][layout], f"{layout}-save"), abs=LOSS_TOL)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_a_one_process_checkpoint_resumes_on_each_layout(runs: dict[str, Any], layout: str) -> None:
-    uninterrupted = runs["one"][GLOBAL_BATCH[layout]]
+    uninterrupted = runs["one"][_one(layout)]
     assert _step_loss(runs["ranks"][layout], f"{layout}-from-one") == pytest.approx(uninterrupted[SAVED],
                                                                                     abs=LOSS_TOL)

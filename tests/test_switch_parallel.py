@@ -33,21 +33,33 @@ FSDP2 = {"parallel": {"fsdp": 2}}
 TP2 = {"parallel": {"tp": 2}}
 SP2 = {"parallel": {"tp": 2, "sequence_parallel": True}}
 FSDP2_TP2 = {"parallel": {"fsdp": 2, "tp": 2}}
+INTERLEAVED = {"pp": 2, "schedule": "interleaved_1f1b", "microbatches": 2}
+"""Two chunks per rank, so at least 4 blocks: the `small` preset (rank 0 runs blocks 0 and 2, rank 1 1 and 3)."""
 FOUR_RANKS = {"fsdp-tp": FSDP2_TP2,
               "pp-fsdp": {"parallel": {"pp": 2, "fsdp": 2, "microbatches": 2}},
               "pp-tp": {"parallel": {"pp": 2, "tp": 2, "sequence_parallel": True, "microbatches": 2,
-                                     "schedule": "gpipe"}}}
+                                     "schedule": "gpipe"}},
+              "interleaved-fsdp": {"parallel": {**INTERLEAVED, "fsdp": 2}},
+              "interleaved-sp": {"parallel": {**INTERLEAVED, "tp": 2, "sequence_parallel": True}}}
 """Layouts of 4 ranks; the mesh is pp x dp x fsdp x tp, so ranks (0, 1) and (2, 3) share a pipeline stage or
 a data replica, and ranks (0, 2) and (1, 3) a tensor-parallel group or a pipeline."""
+PRESET = {"interleaved-fsdp": "small", "interleaved-sp": "small", "interleaved": "small",
+          "small-interleaved": "small"}
+"""A layout's preset where not `tiny`."""
 PP2 = {"gpipe": {"parallel": {"pp": 2, "microbatches": 2, "schedule": "gpipe"}},
        "1f1b": {"parallel": {"pp": 2, "microbatches": 2, "schedule": "1f1b"}}}
 SMALL_PP = {"parallel": {"pp": 2, "microbatches": 4, "schedule": "1f1b"}, "amp": {"dtype": "bf16"}}
 """More micro-batches than stages (the last stage keeps every micro-batch's logits), and autocast's
 weight copies, which serve every micro-batch of the step."""
+SMALL_INTERLEAVED = {"parallel": {**INTERLEAVED, "microbatches": 4}, "amp": {"dtype": "bf16"}}
 SCENARIOS = [
     *[{"name": f"pp-{schedule}", "preset": "tiny", "switches": switches, "steps": STEPS, "batch_size": BATCH}
       for schedule, switches in PP2.items()],
     {"name": "small-pp", "preset": "small", "switches": SMALL_PP, "steps": 1, "batch_size": 2 * BATCH},
+    {"name": "interleaved", "preset": "small", "switches": {"parallel": INTERLEAVED}, "steps": STEPS,
+     "batch_size": BATCH},
+    {"name": "small-interleaved", "preset": "small", "switches": SMALL_INTERLEAVED, "steps": 1,
+     "batch_size": 2 * BATCH},
     {"name": "tp", "preset": "tiny", "switches": TP2, "steps": STEPS, "batch_size": BATCH},
     {"name": "small-tp", "preset": "small", "switches": TP2, "steps": 1, "batch_size": BATCH},
     {"name": "sp", "preset": "tiny", "switches": SP2, "steps": STEPS, "batch_size": BATCH},
@@ -74,17 +86,17 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("parallel4")
-    scenarios = [{"name": name, "preset": "tiny", "switches": switches, "steps": STEPS, "batch_size": BATCH}
-                 for name, switches in FOUR_RANKS.items()]
+    scenarios = [{"name": name, "preset": PRESET.get(name, "tiny"), "switches": switches, "steps": STEPS,
+                  "batch_size": BATCH} for name, switches in FOUR_RANKS.items()]
     code, output = torchrun(out, scenarios, worker=WORKER, nproc=4)
     if code != 0:
         pytest.fail(f"torchrun exited {code}:\n{output[-4000:]}")
     return [json.loads((out / f"rank{r}.json").read_text())["results"] for r in range(4)]
 
 
-def one_process_losses(tmp_path: Path, batch_size: int = 2 * BATCH) -> list[float]:
+def one_process_losses(tmp_path: Path, batch_size: int = 2 * BATCH, preset: str = "tiny") -> list[float]:
     losses = Losses()
-    Trainer(model_cfg=model_config("tiny"), data_cfg=DataConfig(corpus=["synthetic"], seq_len=SEQ_LEN),
+    Trainer(model_cfg=model_config(preset), data_cfg=DataConfig(corpus=["synthetic"], seq_len=SEQ_LEN),
             train_cfg=TrainConfig(batch_size=batch_size, steps=STEPS, device="cpu"),
             switches=SwitchesConfig(), hooks=[losses], run_dir=tmp_path).fit()
     return losses.values
@@ -111,9 +123,19 @@ def test_a_two_stage_pipeline_trains_like_one_process(ranks: list[dict], schedul
     assert r0["held"]["params"] + r1["held"]["params"] == ranks[0]["ddp"]["held"]["params"]
 
 
+def test_an_interleaved_pipeline_trains_like_one_process(ranks: list[dict], tmp_path: Path) -> None:
+    """Each rank runs two chunks, blocks 0 and 2 or 1 and 3; a micro-batch passes both ranks twice."""
+    r0, r1 = (r["interleaved"] for r in ranks)
+    assert any(n.startswith("pipeline: stage 0 of 2: blocks 0..0, 2..2, interleaved_1f1b") for n in r0["notes"])
+    assert r0["losses"] == r1["losses"]
+    assert r0["losses"] == pytest.approx(one_process_losses(tmp_path, batch_size=BATCH, preset="small"),
+                                         abs=LOSS_TOL)
+    assert r0["held"]["params"] + r1["held"]["params"] == ranks[0]["small-ddp"]["held"]["params"]
+
+
 @pytest.mark.parametrize(("name", "preset", "switches", "batch_size"), [
     ("pp-gpipe", "tiny", PP2["gpipe"], BATCH), ("pp-1f1b", "tiny", PP2["1f1b"], BATCH),
-    ("small-pp", "small", SMALL_PP, 2 * BATCH)])
+    ("small-pp", "small", SMALL_PP, 2 * BATCH), ("small-interleaved", "small", SMALL_INTERLEAVED, 2 * BATCH)])
 def test_plan_agrees_with_each_pipeline_stage(ranks: list[dict], name: str, preset: str, switches: dict[str, Any],
                                               batch_size: int) -> None:
     """Per stage: the model states it holds, the peak of the activations its schedule keeps alive (GPipe
@@ -147,25 +169,29 @@ def test_fsdp_by_tp_on_four_ranks_trains_like_one_process(four_ranks: list[dict]
         assert planned["activations"] == pytest.approx(r["activations"], rel=0.10)
 
 
-def test_a_pipeline_beside_fsdp_trains_like_one_process(four_ranks: list[dict], tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["pp-fsdp", "interleaved-fsdp"])
+def test_a_pipeline_beside_fsdp_trains_like_one_process(four_ranks: list[dict], name: str, tmp_path: Path) -> None:
     """Stage 0 on ranks 0 and 1, stage 1 on 2 and 3, each stage sharded over its two ranks: the pipelines
     (0, 2) and (1, 3) each train their half of the batch, and the stages reduce their gradients once a step."""
-    losses = [r["pp-fsdp"]["losses"] for r in four_ranks]
+    losses = [r[name]["losses"] for r in four_ranks]
     assert losses[0] == losses[2] and losses[1] == losses[3]
     assert losses[0][0] != pytest.approx(losses[1][0], abs=1e-3)
     mean = [(a + b) / 2 for a, b in zip(losses[0], losses[1], strict=True)]
-    assert mean == pytest.approx(one_process_losses(tmp_path), abs=LOSS_TOL)
+    assert mean == pytest.approx(one_process_losses(tmp_path, preset=PRESET.get(name, "tiny")), abs=LOSS_TOL)
 
 
-def test_a_pipeline_beside_tensor_parallelism_trains_like_one_process(four_ranks: list[dict], tmp_path: Path) -> None:
-    losses = [r["pp-tp"]["losses"] for r in four_ranks]
+@pytest.mark.parametrize("name", ["pp-tp", "interleaved-sp"])
+def test_a_pipeline_beside_tensor_parallelism_trains_like_one_process(four_ranks: list[dict], name: str,
+                                                                      tmp_path: Path) -> None:
+    losses = [r[name]["losses"] for r in four_ranks]
     assert all(loss == pytest.approx(losses[0], abs=1e-6) for loss in losses)
-    assert losses[0] == pytest.approx(one_process_losses(tmp_path, batch_size=BATCH), abs=LOSS_TOL)
+    assert losses[0] == pytest.approx(one_process_losses(tmp_path, batch_size=BATCH, preset=PRESET.get(name, "tiny")),
+                                      abs=LOSS_TOL)
 
 
-@pytest.mark.parametrize("name", ["pp-fsdp", "pp-tp"])
+@pytest.mark.parametrize("name", ["pp-fsdp", "pp-tp", "interleaved-fsdp", "interleaved-sp"])
 def test_plan_agrees_with_each_stage_of_a_composed_pipeline(four_ranks: list[dict], name: str) -> None:
-    cfg = build_run_config({"model": {"preset": "tiny"}, "data": {"seq_len": SEQ_LEN},
+    cfg = build_run_config({"model": {"preset": PRESET.get(name, "tiny")}, "data": {"seq_len": SEQ_LEN},
                             "train": {"batch_size": BATCH}, "switches": FOUR_RANKS[name]})
     planned = plan(cfg, 4).per_stage_bytes
     for rank, results in enumerate(four_ranks):
