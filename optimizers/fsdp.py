@@ -6,7 +6,9 @@ those too. Each block is its own unit (its parameters are all-gathered just befo
 its gradients reduce-scattered as soon as its backward ends, overlapping the neighbours' compute);
 the root unit, applied last, holds the rest (embedding, final norm, lm_head; on a pipeline stage,
 what the stage keeps of them). With dp > 1 as well
-the mesh is 2-D (HSDP): shards within fsdp, replicas across dp, whose gradients are all-reduced.
+the mesh is 2-D (HSDP): shards within fsdp, replicas across dp, whose gradients are all-reduced. Replicas
+of a tensor-parallel or pipelined model synchronize this way too, with shards of one rank (fsdp=1): FSDP2
+then gathers nothing and all-reduces the gradients across dp, where DDP cannot wrap DTensors or a stage.
 
 `reshard_after_forward` chooses ZeRO-3 (free after forward, gather again in backward) or a
 ZeRO-2-like layout (keep the gathered block until backward: one all-gather less per block, the
@@ -38,6 +40,8 @@ def apply_fsdp(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> Non
     from torch.distributed.fsdp import fully_shard
 
     lay = layout(cfg, ctx.world_size)
+    if not lay.fsdp_wraps:
+        return
     mesh = setup.mesh["dp", "fsdp"] if lay.dp > 1 else setup.mesh["fsdp"]
     policy = mixed_precision(setup.autocast_dtype)
     distinct = list({id(b): b for b in blocks(setup.raw_model)}.values())
@@ -48,7 +52,8 @@ def apply_fsdp(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> Non
     # then accumulates unsharded and reduce-scatters once, after the last backward (torch.distributed.pipelining)
     for root in setup.pipeline.modules if setup.pipeline is not None else [setup.raw_model]:
         fully_shard(root, mesh=mesh, mp_policy=policy)
-    kind = "HSDP" if lay.dp > 1 else ("ZeRO-3" if cfg.reshard_after_forward else "ZeRO-2-like")
+    kind = ("replicas" if lay.fsdp == 1 else "HSDP") if lay.dp > 1 else (
+        "ZeRO-3" if cfg.reshard_after_forward else "ZeRO-2-like")
     dtype = str(setup.autocast_dtype).removeprefix("torch.") if setup.autocast_dtype else "fp32"
     setup.note("fsdp", f"{kind}: {len(distinct)} blocks then the root sharded {lay.fsdp} ways"
                        + (f", replicated {lay.dp} ways" if lay.dp > 1 else "")
@@ -56,4 +61,5 @@ def apply_fsdp(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> Non
                          "gradients reduced in fp32")
 
 
-STAGE = Stage(name="fsdp", section="parallel", apply=apply_fsdp, enabled=lambda c: c.fsdp > 1)
+# enabled wherever a mesh is: whether it wraps depends on the world size too (Layout.fsdp_wraps)
+STAGE = Stage(name="fsdp", section="parallel", apply=apply_fsdp, enabled=lambda c: c.model_parallel > 1)

@@ -90,6 +90,13 @@ class Layout:
         return self.dp * self.fsdp * self.tp * self.pp
 
     @property
+    def fsdp_wraps(self) -> bool:
+        """Whether FSDP2 wraps the model: to shard it, or to all-reduce the gradients of data replicas of a
+        tensor-parallel or pipelined model (shards of one rank: no all-gather, no reduce-scatter), whose
+        DTensor parameters and pipeline stages DDP does not wrap."""
+        return self.fsdp > 1 or (self.dp > 1 and self.tp * self.pp > 1)
+
+    @property
     def sharded(self) -> bool:
         """Whether a mesh is needed (anything but plain data parallel)."""
         return self.fsdp * self.tp * self.pp > 1
@@ -187,11 +194,6 @@ def _check_trainer(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
                     "micro-batches are the accumulation; raise switches.parallel.microbatches instead")
         if ctx.objective != "causal":
             return f"pp={cfg.pp}: stages pass hidden states only, so no attention mask; allowed: data.objective=causal"
-    replicas = ctx.world_size // cfg.model_parallel
-    if (cfg.tp > 1 or cfg.pp > 1) and cfg.fsdp == 1 and replicas > 1:
-        return (f"tp={cfg.tp} x pp={cfg.pp} with {replicas} data-parallel replicas: replicas of a tensor-parallel "
-                f"or pipelined model synchronize through FSDP here; allowed: fsdp x tp x pp = the world size "
-                f"(switches.parallel.fsdp={replicas})")
     if switches.amp.dtype == "fp16":
         return (f"fsdp={cfg.fsdp}, tp={cfg.tp}, pp={cfg.pp} with amp=fp16: the GradScaler does not unscale "
                 "sharded or pipelined gradients; use amp=bf16")
@@ -235,7 +237,8 @@ OPTIMIZATION = Optimization(
            "activations N ways; pp=N holds 1/N of the blocks per rank",
     cost="fsdp all-gathers every block's parameters in forward (and again in backward with "
          "reshard_after_forward) and reduce-scatters gradients: about 1.5x DDP's bytes; tp all-reduces "
-         "activations twice per block in forward and in backward; pp idles (p-1)/(m+p-1) of a step",
+         "activations twice per block in forward and in backward; pp idles (p-1)/(m+p-1) of a step "
+         "((p-1)/(v*m+p-1) with v chunks a rank under interleaved 1F1B, v times the sends)",
     risk="same results up to the order of floating-point sums; a layout that does not divide the "
          "heads, layers or world size is refused",
     source="000 ch.5 (ZeRO-3 with tensor parallelism on an 8-GPU node); 004 4.2",

@@ -5,14 +5,13 @@ for the devices, on any machine (a CPU laptop planning a GPU run):
 
 - parameters, gradients and optimizer state: from the real model built on the meta device (no
   memory), each parameter sliced as the layout slices it: tensor parallelism by the plan of
-  `optimizers.tensor_parallel`, pipeline stages by consecutive blocks, FSDP on dim 0 rounded up
+  `optimizers.tensor_parallel`, pipeline ranks by chunks of blocks, FSDP on dim 0 rounded up
   (as `fully_shard` pads), fp32 master weights and gradients, the optimizer's state per element;
 - activations: the real model's forward traced under FakeTensorMode (shapes only, as torchtitan's
   memory estimator does) at a rank's local shapes, counting the distinct storages autograd saves
   for backward and the logits (`saved_bytes`, the same count a run measures), then scaled by the
   blocks a rank holds, the micro-batches a pipeline schedule keeps in flight, and checkpointing;
-- buffers: what FSDP gathers while a unit computes (two blocks and the root, or the whole model
-  without resharding), in the dtype it gathers;
+- buffers: what FSDP gathers while a unit computes, in the dtype it gathers, or autocast's copies;
 - communication per optimizer step, by collective, as payload bytes (the full tensor an
   all-gather produces, a reduce-scatter or all-reduce consumes; send/recv what a rank sends and
   receives); on a ring each rank moves (n-1)/n of an all-gather's or reduce-scatter's payload and
@@ -181,11 +180,11 @@ def _param_table(cfg: RunConfig) -> list[tuple[str, tuple[int, ...]]]:
     return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
 
 
-def _stage_of(name: str, layers: int, pp: int) -> int:
-    """The pipeline stage holding a parameter: blocks in consecutive groups, the embedding first,
-    the final norm and lm_head last."""
+def _stage_of(name: str, layers: int, pp: int, chunks: int) -> int:
+    """The pipeline rank holding a parameter: blocks in consecutive chunks, chunk c on rank c mod pp, the
+    embedding first, the final norm and lm_head last."""
     if name.startswith("model.layers."):
-        return int(name.split(".")[2]) // (layers // pp)
+        return int(name.split(".")[2]) // (layers // (pp * chunks)) % pp
     return 0 if name.startswith("model.embed_tokens") else pp - 1
 
 
@@ -220,7 +219,7 @@ def plan(cfg: RunConfig, nproc: int, *, capacity_bytes: int | None = None, advis
     lay = layout(par, nproc)
     amp = cfg.switches.amp.dtype
     compute = _DTYPE_BYTES[amp]
-    gather_bytes = compute if lay.fsdp > 1 else 4  # FSDP's policy gathers in the autocast dtype
+    gather_bytes = compute if lay.fsdp_wraps else 4  # FSDP's policy gathers in the autocast dtype
     m = par.pipeline_microbatches if lay.pp > 1 else 1
     micro = cfg.train.batch_size // m
     accumulation = cfg.switches.grad_accumulation.steps
@@ -233,7 +232,7 @@ def plan(cfg: RunConfig, nproc: int, *, capacity_bytes: int | None = None, advis
     matmul = [0] * lay.pp  # elements of the weights a matmul reads (autocast copies them)
     block_units: dict[str, int] = {}
     for name, shape in _param_table(cfg):
-        stage = _stage_of(name, layers, lay.pp)
+        stage = _stage_of(name, layers, lay.pp, par.chunks_per_rank)
         local, gathered = _local_numel(name, shape, lay)
         held[stage] += local
         tensors[stage] += 1
@@ -244,7 +243,7 @@ def plan(cfg: RunConfig, nproc: int, *, capacity_bytes: int | None = None, advis
         else:
             root[stage] += gathered
     for key, numel in block_units.items():
-        units[_stage_of(key + ".", layers, lay.pp)].append(numel)
+        units[_stage_of(key + ".", layers, lay.pp, par.chunks_per_rank)].append(numel)
     opt = cfg.switches.optimizer
     states = OPTIMIZER_STATES[opt.name](opt)
     trace = trace_activations(cfg, tp=lay.tp, micro_batch=micro, stages=lay.pp > 1)
@@ -260,9 +259,9 @@ def plan(cfg: RunConfig, nproc: int, *, capacity_bytes: int | None = None, advis
         return _activations(trace, stage_layers, mode, every=every, extra=extra, in_flight=in_flight) + done
 
     def rank_bytes(s: int) -> dict[str, int]:
-        if lay.fsdp > 1 and lay.pp > 1:  # every block gathered by the end, with its unsharded gradient
+        if lay.fsdp_wraps and lay.pp > 1:  # every block gathered by the end, with its unsharded gradient
             buffers = 2 * gather_bytes * (root[s] + sum(units[s]))
-        elif lay.fsdp > 1:  # gathered in the compute dtype, so autocast copies nothing
+        elif lay.fsdp_wraps:  # gathered in the compute dtype, so autocast copies nothing
             blocks_gathered = units[s] if not par.reshard_after_forward else sorted(units[s])[-2:]
             buffers = gather_bytes * (root[s] + sum(blocks_gathered))
         else:  # autocast's copy of each matmul weight, made once per step and kept for backward
@@ -326,19 +325,20 @@ def _comm(cfg: RunConfig, lay: Layout, par: ParallelConfig, *, gathered_stage: t
     blocks, root = gathered_stage
     passes = accumulation * m  # forward/backward passes per optimizer step
     comm = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0, "send_recv": 0}
-    if lay.fsdp > 1:
+    if lay.fsdp_wraps:
         # a pipeline stage accumulates its micro-batches' gradients unsharded and reduce-scatters once
-        # (torch.distributed.pipelining): a block stays gathered from its first backward to then, so with
-        # resharding it is gathered by each forward before that and once in backward (m + 1 under GPipe
-        # and 1F1B alike), without it once; the root, never resharded after forward, once
+        # (torch.distributed.pipelining); with resharding a block is gathered by each forward and once in
+        # backward (traced: m + 1 under GPipe, 1F1B and interleaved alike), the root once. Shards of one
+        # rank (replicas of a tp or pp model) gather and scatter nothing
         reductions = accumulation if lay.pp > 1 else passes
         if lay.pp > 1:
             gathers = accumulation * (blocks * (m + 1 if par.reshard_after_forward else 1) + root)
         else:
             regather = blocks if par.reshard_after_forward else 0  # backward gathers resharded blocks again
             gathers = passes * (blocks + root + regather)
-        comm["all_gather"] = gather_bytes * gathers
-        comm["reduce_scatter"] = reductions * 4 * (blocks + root)
+        sharded = lay.fsdp > 1
+        comm["all_gather"] = gather_bytes * gathers * sharded
+        comm["reduce_scatter"] = reductions * 4 * (blocks + root) * sharded
         if lay.dp > 1:
             comm["all_reduce"] += reductions * 4 * grads_held
     elif lay.dp > 1:
@@ -349,7 +349,7 @@ def _comm(cfg: RunConfig, lay: Layout, par: ParallelConfig, *, gathered_stage: t
             comm[kind] += passes * payload
     if lay.pp > 1:
         # the residual stream crosses a boundary: fp32 under autocast, FSDP's gathered dtype under FSDP
-        boundary = micro * cfg.data.seq_len * cfg.model.hidden_size * (gather_bytes if lay.fsdp > 1 else 4)
+        boundary = micro * cfg.data.seq_len * cfg.model.hidden_size * (gather_bytes if lay.fsdp_wraps else 4)
         # each chunk receives its input and sends its output, but the model's first input and last output
         chunks = par.chunks_per_rank
         sides = 2 * chunks - 1 if lay.pp == 2 else 2 * chunks  # the busiest rank: a middle one from 3 stages
@@ -388,11 +388,11 @@ def _assumptions(lay: Layout, par: ParallelConfig, in_flight: float, stage: int,
         "allocator fragmentation, the CUDA context (~0.5-1 GB) and transient workspaces are not counted",
         "communication is payload bytes per optimizer step, not link time",
     ]
-    if lay.fsdp > 1 and lay.pp > 1:
+    if lay.fsdp_wraps and lay.pp > 1:
         said.append("FSDP buffers on a pipeline stage: every block and the root gathered, and their gradients "
                     "accumulated unsharded over the micro-batches until the step's one reduce-scatter "
                     "(torch.distributed.pipelining), both in the dtype FSDP gathers")
-    elif lay.fsdp > 1:
+    elif lay.fsdp_wraps:
         said.append("FSDP buffers: the root unit and " + ("two blocks (the current and the prefetched one)"
                     if par.reshard_after_forward else "every block (reshard_after_forward=false)")
                     + " gathered at once")

@@ -28,10 +28,12 @@ LAYOUTS = {"fsdp": ("switches.parallel.fsdp=2",), "tp": ("switches.parallel.tp=2
            "pp": ("switches.parallel.pp=2", "data.seq_len=256"),
            "pp-fsdp": ("switches.parallel.pp=2", "switches.parallel.fsdp=2", "switches.parallel.microbatches=4",
                        "switches.amp.dtype=bf16"),
+           "dp-tp": ("switches.parallel.tp=2",),
            "interleaved": ("switches.parallel.pp=2", "switches.parallel.schedule=interleaved_1f1b",
                            "switches.parallel.microbatches=2", "switches.amp.dtype=bf16")}
-NPROC = {"pp-fsdp": 4}
-"""Ranks of a layout's run (2 unless named): a pipeline of 2 stages, each sharded over 2 ranks."""
+NPROC = {"pp-fsdp": 4, "dp-tp": 4}
+"""Ranks of a layout's run (2 unless named): a pipeline of 2 stages, each sharded over 2 ranks; two replicas
+of a tp=2 model."""
 PRESET = {"interleaved": "small"}
 """A layout's preset where not `tiny`: two chunks per rank need 4 blocks."""
 """The pipeline on 256 tokens: at 64 its steps are near host bound (about 40% of operator time in calls

@@ -40,11 +40,11 @@ from tests.test_switch_parallel import (
 SAVED = 2
 STEPS = SAVED + 1
 LAYOUTS = {"fsdp": FSDP2, "tp": TP2, "sp": SP2, "pp": PP2["1f1b"], "fsdp-tp": FSDP2_TP2,
-           "pp-fsdp": FOUR_RANKS["pp-fsdp"], "interleaved": {"parallel": INTERLEAVED}}
-NPROC = {"fsdp-tp": 4, "pp-fsdp": 4}
+           "pp-fsdp": FOUR_RANKS["pp-fsdp"], "interleaved": {"parallel": INTERLEAVED}, "dp-tp": FOUR_RANKS["dp-tp"]}
+NPROC = {"fsdp-tp": 4, "pp-fsdp": 4, "dp-tp": 4}
 """Ranks of a layout's launch (2 unless named)."""
 GLOBAL_BATCH = {"fsdp": 2 * BATCH, "tp": BATCH, "sp": BATCH, "pp": BATCH, "fsdp-tp": 2 * BATCH, "pp-fsdp": 2 * BATCH,
-                "interleaved": BATCH}
+                "interleaved": BATCH, "dp-tp": 2 * BATCH}
 """One process's batch for the same data as the layout's ranks (fsdp splits it, tp and pp share it)."""
 pytestmark = pytest.mark.slow
 

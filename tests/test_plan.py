@@ -119,8 +119,9 @@ def test_the_command_prints_the_json_fields_and_exits_by_the_verdict() -> None:
 
 
 def test_training_refuses_what_the_trainer_cannot_run_though_plan_plans_it() -> None:
-    for overrides, nproc, message in ((["switches.parallel.tp=2"], 4, "synchronize through FSDP"),
-                                      (["switches.parallel.pp=2"], 4, "synchronize through FSDP")):
+    for overrides, nproc, message in ((["switches.parallel.pp=2", "switches.grad_accumulation.steps=2"], 2,
+                                       "raise switches.parallel.microbatches"),
+                                      (["switches.parallel.tp=2", "switches.amp.dtype=fp16"], 4, "use amp=bf16")):
         assert plan(load_config(preset="tiny", overrides=overrides, nproc=nproc, check_here=False), nproc)
         with pytest.raises(ConfigError, match=message):
             load_config(preset="tiny", overrides=overrides, nproc=nproc)

@@ -36,13 +36,16 @@ FSDP2_TP2 = {"parallel": {"fsdp": 2, "tp": 2}}
 INTERLEAVED = {"pp": 2, "schedule": "interleaved_1f1b", "microbatches": 2}
 """Two chunks per rank, so at least 4 blocks: the `small` preset (rank 0 runs blocks 0 and 2, rank 1 1 and 3)."""
 FOUR_RANKS = {"fsdp-tp": FSDP2_TP2,
+              "dp-tp": TP2,
+              "dp-pp": {"parallel": {"pp": 2, "microbatches": 2}},
               "pp-fsdp": {"parallel": {"pp": 2, "fsdp": 2, "microbatches": 2}},
               "pp-tp": {"parallel": {"pp": 2, "tp": 2, "sequence_parallel": True, "microbatches": 2,
                                      "schedule": "gpipe"}},
               "interleaved-fsdp": {"parallel": {**INTERLEAVED, "fsdp": 2}},
               "interleaved-sp": {"parallel": {**INTERLEAVED, "tp": 2, "sequence_parallel": True}}}
 """Layouts of 4 ranks; the mesh is pp x dp x fsdp x tp, so ranks (0, 1) and (2, 3) share a pipeline stage or
-a data replica, and ranks (0, 2) and (1, 3) a tensor-parallel group or a pipeline."""
+a data replica, and ranks (0, 2) and (1, 3) a tensor-parallel group or a pipeline. dp-tp and dp-pp: two
+replicas of a tp=2 or pp=2 model (data parallelism is what the degrees leave of the world size)."""
 PRESET = {"interleaved-fsdp": "small", "interleaved-sp": "small", "interleaved": "small",
           "small-interleaved": "small"}
 """A layout's preset where not `tiny`."""
@@ -154,14 +157,16 @@ def test_plan_agrees_with_each_pipeline_stage(ranks: list[dict], name: str, pres
         assert ranks[0][name]["activations"] > 1.3 * ranks[1][name]["activations"]
 
 
-def test_fsdp_by_tp_on_four_ranks_trains_like_one_process(four_ranks: list[dict], tmp_path: Path) -> None:
-    ranks = [r["fsdp-tp"] for r in four_ranks]
+@pytest.mark.parametrize("name", ["fsdp-tp", "dp-tp"])
+def test_tp_beside_data_parallelism_on_four_ranks_trains_like_one_process(four_ranks: list[dict], name: str,
+                                                                          tmp_path: Path) -> None:
+    ranks = [r[name] for r in four_ranks]
     losses = [r["losses"] for r in ranks]  # ranks (0, 1) and (2, 3) are tensor-parallel pairs
     assert losses[0] == pytest.approx(losses[1], abs=1e-6) and losses[2] == pytest.approx(losses[3], abs=1e-6)
     mean = [(a + b) / 2 for a, b in zip(losses[0], losses[2], strict=True)]
     assert mean == pytest.approx(one_process_losses(tmp_path), abs=LOSS_TOL)
     cfg = build_run_config({"model": {"preset": "tiny"}, "data": {"seq_len": SEQ_LEN},
-                            "train": {"batch_size": BATCH}, "switches": FSDP2_TP2})
+                            "train": {"batch_size": BATCH}, "switches": FOUR_RANKS[name]})
     planned = plan(cfg, 4).per_rank_bytes
     for r in ranks:
         for part in ("params", "grads", "optimizer"):
@@ -169,10 +174,12 @@ def test_fsdp_by_tp_on_four_ranks_trains_like_one_process(four_ranks: list[dict]
         assert planned["activations"] == pytest.approx(r["activations"], rel=0.10)
 
 
-@pytest.mark.parametrize("name", ["pp-fsdp", "interleaved-fsdp"])
-def test_a_pipeline_beside_fsdp_trains_like_one_process(four_ranks: list[dict], name: str, tmp_path: Path) -> None:
-    """Stage 0 on ranks 0 and 1, stage 1 on 2 and 3, each stage sharded over its two ranks: the pipelines
-    (0, 2) and (1, 3) each train their half of the batch, and the stages reduce their gradients once a step."""
+@pytest.mark.parametrize("name", ["pp-fsdp", "interleaved-fsdp", "dp-pp"])
+def test_a_pipeline_beside_data_parallelism_trains_like_one_process(four_ranks: list[dict], name: str,
+                                                                    tmp_path: Path) -> None:
+    """Stage 0 on ranks 0 and 1, stage 1 on 2 and 3, each stage sharded over its two ranks (or replicated on
+    them): the pipelines (0, 2) and (1, 3) each train their half of the batch, and the stages reduce their
+    gradients once a step."""
     losses = [r[name]["losses"] for r in four_ranks]
     assert losses[0] == losses[2] and losses[1] == losses[3]
     assert losses[0][0] != pytest.approx(losses[1][0], abs=1e-3)
@@ -189,7 +196,7 @@ def test_a_pipeline_beside_tensor_parallelism_trains_like_one_process(four_ranks
                                       abs=LOSS_TOL)
 
 
-@pytest.mark.parametrize("name", ["pp-fsdp", "pp-tp", "interleaved-fsdp", "interleaved-sp"])
+@pytest.mark.parametrize("name", ["pp-fsdp", "pp-tp", "interleaved-fsdp", "interleaved-sp", "dp-pp"])
 def test_plan_agrees_with_each_stage_of_a_composed_pipeline(four_ranks: list[dict], name: str) -> None:
     cfg = build_run_config({"model": {"preset": PRESET.get(name, "tiny")}, "data": {"seq_len": SEQ_LEN},
                             "train": {"batch_size": BATCH}, "switches": FOUR_RANKS[name]})
