@@ -246,14 +246,13 @@ OPTIMIZATION = Optimization(
     checks=(_check_layout, _check_conflicts, _check_trainer),
     candidates=(
         Candidate(set={"switches.parallel.fsdp": lambda fsdp: fsdp * 2}, requires=(Capability.SEVERAL_RANKS,),
-                  applies=lambda c: c.tp == 1 and c.pp == 1,
                   effects=(Effect("peak_memory", "shrinks", 0.2, 0.5,
                                   basis="docs/BENCHMARKS.md section 12: fsdp=2 holds half of DDP's parameter, "
                                         "gradient and optimizer bytes per rank; activations are not sharded"),
                            Effect("comm_bytes", "grows", 0.4, 0.6,
                                   basis="all-gather in forward and backward plus reduce-scatter: 1.5x the "
                                         "bytes of one all-reduce of the gradients")),
-                  note="ranks hold 1/fsdp of the model states; `glmperf plan` computes the new per-rank bytes"),
+                  note="ranks hold 1/fsdp of the model states"),
         Candidate(set={"switches.parallel.reshard_after_forward": False},
                   applies=lambda c: c.fsdp > 1 and c.reshard_after_forward,
                   effects=(Effect("backward", "shrinks", 0.3, 0.5, scales_with="comm_exposed.all_gather",

@@ -35,6 +35,7 @@ from profiler.analysis.loader import RunData
 from profiler.config import build_run_config, load_config, override_texts
 from profiler.diagnose import LOW_PRECISION_SPEEDUP, diagnose, host_bound, v
 from profiler.metrics import PHASE_NAMES, lookup
+from profiler.plan import plan
 
 SPEEDUP_FIGURES = {"bf16_matmul_speedup": "bf16_speedup", "fp16_matmul_speedup": "fp16_speedup"}
 MEMORY_KINDS = {Bottleneck.MEMORY_BOUND}
@@ -203,6 +204,9 @@ def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, a
                                  "reason": f"no expected gain on this run ({exp['basis']})"})
                 continue
             notes = [candidate.note] if candidate.note else []
+            planned = _planned(cfg, run, settings)
+            if planned:
+                notes.append(planned)
             soft = [f"{c}: {caps[c][1]}" for c in candidate.requires if c in SOFT and not caps[c][0]]
             if soft:
                 notes.append("missing " + "; ".join(soft) + " (the gain may be smaller)")
@@ -212,6 +216,19 @@ def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, a
                            "notes": notes, "command": command(run, settings)})
     ranked.sort(key=lambda r: r["score"], reverse=True)
     return {"recommendations": ranked[:top] if top else ranked, "excluded": excluded}
+
+
+def _planned(cfg: Any, run: RunData, settings: Mapping[str, Any]) -> str | None:
+    """What `glmperf plan` computes a rank holds before and after a change of parallel layout (None for
+    other changes): the memory a sharding recommendation saves, for this run's model and batch."""
+    if not any(key.startswith("switches.parallel.") for key in settings):
+        return None
+    after = load_config(base=run.config, overrides=override_texts(settings), nproc=run.world_size, check_here=False)
+    old, new = (plan(c, run.world_size).per_rank_bytes for c in (cfg, after))
+    change = ", ".join(f"{part} {old[part] / 2**20:,.1f} -> {new[part] / 2**20:,.1f}"
+                       for part in ("params", "grads", "optimizer", "activations", "buffers") if old[part] != new[part])
+    return (f"`glmperf plan`: {old['total'] / 2**20:,.1f} -> {new['total'] / 2**20:,.1f} MiB a rank "
+            f"({new['total'] / old['total'] - 1:+.0%}; {change or 'no part changes'} MiB)")
 
 
 def _exclusion(opt: Optimization, candidate: Candidate, cfg: Any, run: RunData,
