@@ -92,6 +92,8 @@ def measure(preset: str, nproc: int, overrides: list[str], steps: int, runs_dir:
     record = store.read_run(run_dir)
     if record["status"] != "completed":
         raise RuntimeError(f"{preset} {overrides} on {nproc} ranks: {record['status']}: {record.get('error')}")
+    if "error" in record["diagnosis"]:
+        raise RuntimeError(f"{preset} {overrides} on {nproc} ranks: diagnosis failed: {record['diagnosis']['error']}")
     held = [r["held_bytes"] for r in record["ranks"]]
     ranks = list(collectives_by_rank(record["summary"]).values())
     figures = {name: f["value"] for name, f in record["diagnosis"]["figures"].items()}

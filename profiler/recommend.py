@@ -96,7 +96,8 @@ def _fraction(effect: Effect, figures: Figures) -> tuple[float, float]:
             return 0.0, 0.0  # fp32 already, or its dtype is the faster one: nothing to win back
         return 0.8 * share * (1 - speedup), share * (1 - speedup)
     if effect.scales_with.startswith("comm_exposed."):  # exposed time inside the target phase, as its share
-        share = v(figures, effect.scales_with) / v(figures, f"share.{effect.target}")
+        phase = v(figures, f"share.{effect.target}")  # 0 where nothing is timed there (a pipeline's backward)
+        share = v(figures, effect.scales_with) / phase if phase > 0 else math.nan
         return (effect.low * min(share, 1.0), effect.high * min(share, 1.0)) if math.isfinite(share) else (0.0, 0.0)
     if effect.scales_with == "attention_share":
         return effect.fraction({"attention_share": v(figures, "attention_share") / 100})

@@ -147,6 +147,8 @@ def test_a_layout_lever_removes_part_of_the_exposed_collective_it_addresses(sett
     assert tps["low"] == pytest.approx(100 * (1 / (1 - 0.12 * effect.low) - 1))
     assert tps["high"] == pytest.approx(100 * (1 / (1 - 0.12 * effect.high) - 1))
     assert expected(candidate, figures())["tokens_per_s"]["high"] == pytest.approx(0.0)  # nothing exposed
+    # a pipeline times its whole schedule as forward: no backward share to find the exposed time in
+    assert expected(candidate, figures(**{figure: 12.0, f"share__{phase}": 0.0}))["tokens_per_s"]["high"] == 0.0
 
 
 def test_the_comm_finding_names_the_exposed_collectives_largest_first() -> None:
