@@ -14,7 +14,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from profiler import store  # noqa: E402
-from profiler.config import load_config  # noqa: E402
+from profiler.config import build_run_config, load_config  # noqa: E402
+from profiler.plan import plan  # noqa: E402
 from profiler.run import profile_run  # noqa: E402
 from reference_model.trainer import StepRecord, TrainerHook  # noqa: E402
 
@@ -94,6 +95,28 @@ def check_single(run_dir: Path) -> None:
     check(0 < (gpu.get("temporal") or {}).get("idle_share", -1) < 1, "the run's own trace analysed: GPU idle share")
 
 
+def compare_plan(run_dir: Path, nproc: int) -> None:
+    """`glmperf plan`'s per-rank bytes beside the allocator's peak of the run (printed, not checked: the
+    allocator adds workspaces and fragmentation the plan leaves out, which this figure measures)."""
+    record = store.read_run(run_dir)
+    planned = plan(build_run_config(record["config"]), nproc).per_rank_bytes
+    peak = float(store.read_table(run_dir, "steps")["mem_alloc_peak_bytes"].max())
+    parts = "  ".join(f"{k} {v / 2**30:.2f}" for k, v in planned.items())
+    print(f"  plan (GiB): {parts}; allocator peak {peak / 2**30:.2f} GiB = {peak / planned['total']:.2f}x plan")
+
+
+def check_fsdp(ddp: Path, fsdp: Path) -> None:
+    """fsdp=2 on two GPUs over NCCL: half of DDP's model states a rank, and its all-gathers and
+    reduce-scatters in the traces."""
+    held = [store.read_run(d)["ranks"][0]["held_bytes"] for d in (ddp, fsdp)]
+    for part in ("params", "grads", "optimizer"):
+        check(abs(held[1][part] / held[0][part] - 0.5) < 0.05, f"fsdp=2 holds half of DDP's {part}")
+    ranks = (store.read_run(fsdp)["summary"].get("trace") or {}).get("ranks") or {}
+    kinds = (ranks.get("0") or {}).get("collectives", {}).get("kinds", {})
+    print(f"  collectives rank 0: {json.dumps({k: (f['calls'], f['bytes']) for k, f in kinds.items()})}")
+    check({"all_gather", "reduce_scatter"} <= set(kinds), "NCCL all-gathers and reduce-scatters traced")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs-dir", type=Path, required=True)
@@ -105,15 +128,20 @@ def main() -> int:
     # a default step (every instrument but the trace window, whose start and stop are not steps'
     # work) must never make the host wait for the device
     run(args.runs_dir, "small", ["train.steps=20", "profile.trace=false"], hooks=[NoSync(3, 19)])
-    run(args.runs_dir, "glm-350m", ["train.steps=30", "data.seq_len=1024", "train.batch_size=8"])
+    big = run(args.runs_dir, "glm-350m", ["train.steps=30", "data.seq_len=1024", "train.batch_size=8"])
+    compare_plan(big, 1)
     run(args.runs_dir, "glm-350m", ["train.steps=30", "data.seq_len=1024", "train.batch_size=8",
                                     "switches.compile=default"])
     if torch.cuda.device_count() >= 2:
         ddp = run(args.runs_dir, "small", ["switches.amp=bf16", "train.steps=30"], nproc=2)
         steps = store.read_table(ddp, "steps")
         check(steps["rank"].nunique() == 2 and bool((steps["comm_bytes"] > 0).all()), "NCCL comm counted per rank")
+        fsdp = run(args.runs_dir, "small", ["switches.amp=bf16", "train.steps=30", "switches.parallel.fsdp=2"],
+                   nproc=2)
+        check_fsdp(ddp, fsdp)
+        compare_plan(fsdp, 2)
     else:
-        print("\n(one GPU: the NCCL 2-rank check needs two)")
+        print("\n(one GPU: the NCCL 2-rank and fsdp=2 checks need two)")
     print(f"\n{len(FAILED)} failed: {FAILED}" if FAILED else "\nall checks passed")
     return 1 if FAILED else 0
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA paths end to end, on any CUDA machine, in under 10 minutes: real NVML readings
 # (recorded into tests/data/nvml_replay/), CUDA-event step timing, the allocator snapshot,
-# the torch.profiler trace with kernels, and NCCL when the machine has two GPUs or more.
+# the torch.profiler trace with kernels, `glmperf plan` beside the allocator's peak, and NCCL (DDP,
+# fsdp=2 holding half of DDP's states) when the machine has two GPUs or more.
 # It prints what it measured; copy the figures into docs/BENCHMARKS.md.
 #   scripts/gpu_check.sh [OUT_DIR]     (uses .venv/bin/python if present, else $PYTHON or python3)
 set -euo pipefail

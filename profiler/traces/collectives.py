@@ -10,10 +10,12 @@ in order within the family (gloo runs a reduce-scatter as an all-reduce of its i
 
 Time is the backend's, the union of its events' intervals (work on two streams or threads at once
 counts once). On the GPU, the NCCL kernels, their kind from their names (all-to-all runs
-SendRecv kernels: counted as send_recv there). On the CPU, gloo's events on its worker threads, each
-the work of the operator matched to it. Exposed time is the part of it no computation overlaps:
-compute kernels on the GPU (HTA's comm_comp_overlap, per kind), on the CPU the training threads'
-aten operators, so a pipeline stage waiting for its neighbour (its bubble) shows as exposed send_recv.
+SendRecv kernels: counted as send_recv there). On the CPU, gloo's events, each the work of the operator
+matched to it: on its worker threads, or on the training thread from posting to completion (a pipeline's
+asynchronous sends and receives, in flight while the thread computes). Exposed time is the part of it no
+computation overlaps: compute kernels on the GPU (HTA's comm_comp_overlap, per kind), on the CPU the
+training threads' aten operators, so a pipeline stage waiting for its neighbour (its bubble) shows as
+exposed send_recv.
 """
 
 from __future__ import annotations
@@ -227,7 +229,10 @@ def analyze(trace: Trace, steps: int, window: Window | None = None) -> dict[str,
     for kind in set(gpu) - set(ops["kind"]):  # kernels of operators outside the window, or all-to-all's SendRecv
         kinds[kind] = {"calls": math.nan, "bytes": math.nan, "time_s": gpu[kind][0] / 1e6 / steps,
                        "exposed_s": gpu[kind][1] / 1e6 / steps}
-    training = host[~host["thread"].isin(set(backend["thread"]))]
+    # the backend's own threads (gloo's workers) compute nothing; a training thread may hold backend events
+    # too (a pipeline's asynchronous sends and receives, from posting to completion) and still computes
+    workers = set(backend["thread"]) - set(host.loc[host["role"] == ATEN, "thread"])
+    training = host[~host["thread"].isin(workers)]
     busy = intervals.difference(_spans(training[training["role"] == ATEN]),
                                 _spans(training[training["role"].isin((OP, WAIT))]))
     for kind, part in ops.groupby("kind", sort=False):
