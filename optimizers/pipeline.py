@@ -67,6 +67,8 @@ class PipelineRunner:
     schedule: Any
     modules: list[nn.Module]
     """The rank's chunks (one unless interleaved), which the schedule calls once per micro-batch each."""
+    blocks: list[int]
+    """The model's numbers of the rank's kept blocks 0, 1, ... (checkpoints are saved under these)."""
     first: bool
     last: bool
     group: dist.ProcessGroup
@@ -92,7 +94,8 @@ def apply_pipeline(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) ->
     assert ctx.shape is not None  # apply_all reads it off the model
     chunks = stage_blocks(stage, cfg, ctx.shape.num_layers)
     model = setup.raw_model
-    model.keep_stage([n for chunk in chunks for n in chunk])
+    kept = [n for chunk in chunks for n in chunk]
+    model.keep_stage(kept)
     group = mesh.get_group()
     # imported when a pipeline is built: it loads torch._dynamo, about a second of every start otherwise
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
@@ -108,8 +111,8 @@ def apply_pipeline(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) ->
         schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.schedule](
             stages[0], n_microbatches=m, loss_fn=stage_loss)
     last_rank = dist.get_global_rank(group, cfg.pp - 1)
-    setup.pipeline = PipelineRunner(schedule=schedule, modules=modules, first=stage == 0, last=stage == cfg.pp - 1,
-                                    group=group, last_rank=last_rank, device=ctx.device)
+    setup.pipeline = PipelineRunner(schedule=schedule, modules=modules, blocks=kept, first=stage == 0,
+                                    last=stage == cfg.pp - 1, group=group, last_rank=last_rank, device=ctx.device)
     setup.grad_norm_group = group
     v = len(chunks)
     held = ", ".join(f"{chunk[0]}..{chunk[-1]}" for chunk in chunks)

@@ -19,9 +19,10 @@ them against a run:
 
 from __future__ import annotations
 
+import functools
 import math
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -184,6 +185,7 @@ def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, a
     severity = {Bottleneck(b["kind"]): b["severity"] for b in diagnosis["bottlenecks"]}
     caps = capabilities(run, figures)
     cfg = build_run_config(run.config)
+    planned_now = functools.cache(lambda: plan(cfg, run.world_size).per_rank_bytes)  # once, if a layout changes
     current = _current(run.config)
     ranked, excluded = [], []
     for opt in REGISTRY:
@@ -205,7 +207,7 @@ def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, a
                                  "reason": f"no expected gain on this run ({exp['basis']})"})
                 continue
             notes = [candidate.note] if candidate.note else []
-            planned = _planned(cfg, run, settings)
+            planned = _planned(planned_now, run, settings)
             if planned:
                 notes.append(planned)
             soft = [f"{c}: {caps[c][1]}" for c in candidate.requires if c in SOFT and not caps[c][0]]
@@ -219,13 +221,13 @@ def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, a
     return {"recommendations": ranked[:top] if top else ranked, "excluded": excluded}
 
 
-def _planned(cfg: Any, run: RunData, settings: Mapping[str, Any]) -> str | None:
+def _planned(planned_now: Callable[[], dict[str, int]], run: RunData, settings: Mapping[str, Any]) -> str | None:
     """What `glmperf plan` computes a rank holds before and after a change of parallel layout (None for
     other changes): the memory a sharding recommendation saves, for this run's model and batch."""
     if not any(key.startswith("switches.parallel.") for key in settings):
         return None
     after = load_config(base=run.config, overrides=override_texts(settings), nproc=run.world_size, check_here=False)
-    old, new = (plan(c, run.world_size).per_rank_bytes for c in (cfg, after))
+    old, new = planned_now(), plan(after, run.world_size).per_rank_bytes
     change = ", ".join(f"{part} {old[part] / 2**20:,.1f} -> {new[part] / 2**20:,.1f}"
                        for part in ("params", "grads", "optimizer", "activations", "buffers") if old[part] != new[part])
     return (f"`glmperf plan`: {old['total'] / 2**20:,.1f} -> {new['total'] / 2**20:,.1f} MiB a rank "

@@ -20,9 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from optimizers.base import TrainSetup, blocks
+from optimizers.base import TrainSetup
 from optimizers.parallel import ParallelConfig
-from optimizers.pipeline import stage_blocks
 from optimizers.tensor_parallel import deinterleave_gate_up, interleave_gate_up
 
 _BLOCK = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -49,13 +48,11 @@ def state_layout(setup: TrainSetup, cfg: ParallelConfig) -> StateLayout:
     """The layout of this rank's state under `cfg` (set up in `setup`)."""
     if setup.mesh is None:
         return StateLayout()
-    if cfg.pp == 1:
+    if setup.pipeline is None:
         return StateLayout(collective=True, tp=cfg.tp)
-    pp = setup.mesh["pp"]
     leader = all(setup.mesh.get_local_rank(dim) == 0 for dim in ("dp", "fsdp", "tp"))
-    chunks = stage_blocks(pp.get_local_rank(), cfg, cfg.pp * len(blocks(setup.raw_model)))
-    return StateLayout(collective=True, tp=cfg.tp, block_numbers=tuple(n for chunk in chunks for n in chunk),
-                       pp_group=pp.get_group(), gathers=leader)
+    return StateLayout(collective=True, tp=cfg.tp, block_numbers=tuple(setup.pipeline.blocks),
+                       pp_group=setup.mesh["pp"].get_group(), gathers=leader)
 
 
 def _renumber(names: dict[str, Any], numbers: dict[int, int]) -> dict[str, Any]:
