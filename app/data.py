@@ -21,13 +21,15 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from optimizers.config import ConfigError
-from profiler import config, console, store, tune
+from profiler import config, store, text
 from profiler.analysis import RunData, load_run, summary_of
+from profiler.experiments import records as experiment_records
+from profiler.experiments import tune
 from profiler.metrics import METRIC_BY_NAME, lookup
 from reports import report_run, report_sweep
 
 if TYPE_CHECKING:
-    from profiler.compare_runs import Comparison
+    from profiler.compare.runs import Comparison
 
 STAMPED = ("run.json", "steps.parquet", "samples.parquet", "ops.parquet", "events.jsonl", "parts")
 LIVE_TTL_S = 30
@@ -191,9 +193,9 @@ class CompareView:
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
 def _compare_view(runs_dir: str, base: tuple[str, ...], cand: tuple[str, ...], stamps: tuple[Any, ...]
                   ) -> CompareView:
-    from profiler.compare_cli import load_side  # scipy: only once a comparison is asked for
-    from profiler.compare_gate import GateError, make_gate
-    from profiler.compare_runs import compare
+    from profiler.cli.compare import load_side  # scipy: only once a comparison is asked for
+    from profiler.compare.gate import GateError, make_gate
+    from profiler.compare.runs import compare
     from reports import report_compare
 
     try:
@@ -211,9 +213,9 @@ def compare_view(runs_dir: Path, base: Sequence[str], cand: Sequence[str]) -> Co
 
 def compare_html(runs_dir: Path, base: Sequence[str], cand: Sequence[str]) -> str:
     """The comparison's HTML report, written now (what `glmperf report --compare` writes)."""
-    from profiler.compare_cli import load_side
-    from profiler.compare_gate import make_gate
-    from profiler.compare_runs import compare
+    from profiler.cli.compare import load_side
+    from profiler.compare.gate import make_gate
+    from profiler.compare.runs import compare
     from reports import report_compare
 
     b, c = load_side(list(base), runs_dir), load_side(list(cand), runs_dir)
@@ -221,7 +223,7 @@ def compare_html(runs_dir: Path, base: Sequence[str], cand: Sequence[str]) -> st
 
 
 def _plan_stamps(runs_dir: Path, kind: str) -> tuple[tuple[str, int], ...]:
-    folder = runs_dir / store.PLAN_KINDS[kind]
+    folder = runs_dir / experiment_records.KINDS[kind]
     return tuple((str(p), p.stat().st_mtime_ns) for p in sorted(folder.glob(f"*/{kind}.json"))) \
         if folder.is_dir() else ()
 
@@ -254,8 +256,8 @@ def _tune_rows(record: dict[str, Any]) -> list[list[str]]:
     for e in record.get("rounds") or []:
         result = e.get("result") or {}
         rows.append([str(e["round"]), e.get("diagnosis", ""), config.settings_text(e.get("tried") or {}),
-                     console.expected_text(e) if e.get("expected") else "", result.get("verdict", ""),
-                     console.measured_text(result["measured"]) if result.get("measured") else "",
+                     text.expected_text(e) if e.get("expected") else "", result.get("verdict", ""),
+                     text.measured_text(result["measured"]) if result.get("measured") else "",
                      f"{e.get('decision', '')}: {e.get('why', '')}"])
     return rows
 
@@ -265,7 +267,7 @@ def _tunes(runs_dir: str, stamps: tuple[tuple[str, int], ...]) -> list[dict[str,
     out = []
     for path, _ in stamps:
         try:
-            record = store.read_plan(Path(path).parent, "tune")
+            record = experiment_records.read(Path(path).parent, "tune")
         except store.StoreError as exc:
             out.append({"id": Path(path).parent.name, "created": "", "error": str(exc)})
             continue
@@ -283,5 +285,5 @@ def tunes(runs_dir: Path) -> list[dict[str, Any]]:
 def fmt_metric(name: str, summary: dict[str, Any]) -> str:
     """A summary figure in its registry unit and digits, as the report's table prints it."""
     m = METRIC_BY_NAME[name]
-    value = console.fmt(m.value(summary), m.digits)
+    value = text.fmt(m.value(summary), m.digits)
     return value if value == "n/a" else f"{value} {m.unit}".strip()

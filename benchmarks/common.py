@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from profiler.device import cpu_flags, cpu_model
+from profiler.instruments.machine import cpu_flags, cpu_model
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 

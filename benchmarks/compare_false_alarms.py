@@ -35,9 +35,9 @@ import pandas as pd
 from benchmarks.common import fmt, header, mode_label, table, write_result
 from profiler.analysis import RunData, load_run
 from profiler.analysis.steps import merge_ranks, steady_steps
-from profiler.compare import DEFAULT_RUN_NOISE, robust_spread
-from profiler.compare_gate import make_gate
-from profiler.compare_runs import compare, contention
+from profiler.compare.gate import make_gate
+from profiler.compare.runs import compare, contention
+from profiler.compare.stats import DEFAULT_RUN_NOISE, robust_spread
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,8 +24,8 @@ APP = Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py"
 
 
 def _runs_dir(root: Path, copies: int) -> Path:
+    from profiler.capture.run import profile_run
     from profiler.config import load_config
-    from profiler.run import profile_run
 
     runs = root / "runs"
     src = profile_run(load_config(preset="tiny", overrides=["train.steps=12"]), runs_dir=root / "src", progress=False)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from profiler.device import cpu_flags
+from profiler.instruments.machine import cpu_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE_BF16 = bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
@@ -87,7 +87,7 @@ def _top(record: dict[str, Any]) -> tuple[str, str]:
     recs = record["diagnosis"]["recommendations"]
     if not recs:
         return "none (no switch addresses it here)", ""
-    from profiler.console import expected_text
+    from profiler.text import expected_text
 
     return " ".join(f"{k}={v}" for k, v in recs[0]["set"].items()), expected_text(recs[0]).split("  [")[0]
 

@@ -23,10 +23,10 @@ from typing import Any
 
 from benchmarks.common import RESULTS_DIR, fmt, header, table, write_result
 from profiler import store
+from profiler.advice.plan import GPUS_GB, plan
 from profiler.analysis.comm import collectives_by_rank
+from profiler.capture.run import profile_run
 from profiler.config import load_config
-from profiler.plan import GPUS_GB, plan
-from profiler.run import profile_run
 
 MEASURED = [  # (preset, nproc, label, overrides)
     ("tiny", 2, "DDP", []),

@@ -13,7 +13,7 @@ B*(T-1) cross-entropies. The step-0 losses are compared as a parity check.
 One process, one step of each in turn (interleaved), medians over the steady rounds after warmup;
 the speed figure is the median over rounds of the per-round ratio. MFU divides the model FLOPs
 (PaLM appendix B, `GLMForCausalLM.flops_per_token`) by this CPU's matmul peak as the profiler measures
-it (`profiler.device.calibrate`), so the figure is comparable with a profiled run's MFU.
+it (`profiler.instruments.machine.calibrate`), so the figure is comparable with a profiled run's MFU.
 
     python -m benchmarks.peer_hf_glm            # full: shapes A and B, fp32 and bf16 (~6-7 min, 2 cores)
     python -m benchmarks.peer_hf_glm --quick    # shape A only, few rounds (~1 min)
@@ -44,7 +44,7 @@ from benchmarks.common import (
 from optimizers import SwitchesConfig
 from optimizers.config import build_section
 from optimizers.optim import LrScheduleConfig, OptimizerConfig, build_optimizer, lr_factor
-from profiler.device import calibrate
+from profiler.instruments.machine import calibrate
 from reference_model.config import DataConfig, GLMConfig, TrainConfig, model_config
 from reference_model.hf import to_hf_config
 from reference_model.model import IGNORE_INDEX, GLMForCausalLM

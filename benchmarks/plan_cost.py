@@ -1,12 +1,12 @@
 """What a run costs beyond its training steps: alone (`profile-run`, a fresh process), and as a cell of a
-plan (verify, sweep, tune: cells one after another in one warm process, profiler.cells).
+plan (verify, sweep, tune: cells one after another in one warm process, profiler.experiments.batch).
 
     python -m benchmarks.plan_cost [--quick]
 
 For each, the wall time, the training span (from the first step's start to the last step's end, read
 from steps.parquet) and the difference: start-up, model and data build, finalize (summary,
 diagnosis, the run's matmul shapes timed), and, in a traced run, the trace's export and operator
-table. In a plan only a config's first repeat is traced (profiler.cells.traced_once).
+table. In a plan only a config's first repeat is traced (profiler.experiments.batch.traced_once).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 from benchmarks.common import fmt, header, median, mode_label, table, write_result
 from benchmarks.overhead import end_to_end
 from profiler import store
-from profiler.cells import Cell, run_cells, traced_once
 from profiler.config import load_config
+from profiler.experiments.batch import Cell, run_cells, traced_once
 
 
 def training_span(run_dir: Path) -> float:

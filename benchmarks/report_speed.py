@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from benchmarks.common import header, median, table, write_result
+from profiler.capture.run import profile_run
 from profiler.config import load_config
-from profiler.run import profile_run
 
 TARGET_S, TARGET_MB = 3.0, 6.0
 

@@ -3,7 +3,7 @@
 
     python -m benchmarks.tune_small [--steps N] [--repeats N] [--quick]
 
-1. Tune (profiler.tune, as `glmperf tune --preset small --steps N --repeats N`), timed.
+1. Tune (profiler.experiments.tune, as `glmperf tune --preset small --steps N --repeats N`), timed.
 2. The plain config, the hand recipe, the best single switch and the tuned config, run interleaved
    `--repeats` times each in one process (no trace), compared by compare's statistics against the
    plain config and the tuned config against the hand recipe (tokens/s, 99% intervals).
@@ -19,11 +19,11 @@ from typing import Any
 
 from benchmarks.common import fmt, header, mode_label, table, write_result
 from profiler.analysis import RunData, load_run, summary_of
-from profiler.cells import Cell, run_cells
-from profiler.compare_gate import Gate, Threshold
-from profiler.compare_runs import compare
+from profiler.compare.gate import Gate, Threshold
+from profiler.compare.runs import compare
 from profiler.config import RunConfig, load_config
-from profiler.tune import Tuner, TuneSpec
+from profiler.experiments.batch import Cell, run_cells
+from profiler.experiments.tune import Tuner, TuneSpec
 
 HAND_RECIPE = ("switches.compile.mode=default", "switches.amp.dtype=bf16")
 

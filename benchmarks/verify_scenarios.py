@@ -3,7 +3,7 @@
     python -m benchmarks.verify_scenarios [--repeats N] [--steps N] [--only NAME ...]
 
 For every scenario of benchmarks/diagnosis_scenarios.py that this machine can induce: a run of it,
-its top recommendation, then `glmperf recommend RUN --verify --top 1` (profiler.verify: a fresh
+its top recommendation, then `glmperf recommend RUN --verify --top 1` (profiler.experiments.verify: a fresh
 baseline and the changed config, interleaved, `--repeats` runs each). The table sets the expected
 range next to the measured change and its interval, with the verdict; "inside" says whether the
 measured change lies in the expected range (a stability remedy has none).
@@ -21,11 +21,11 @@ import torch
 
 from benchmarks.common import header, mode_label, table, write_result
 from benchmarks.diagnosis_scenarios import SCENARIOS, Scenario
+from profiler.advice.recommend import advise
 from profiler.analysis import load_run
-from profiler.cells import Cell, run_cells
 from profiler.config import load_config
-from profiler.recommend import advise
-from profiler.verify import run_verification
+from profiler.experiments.batch import Cell, run_cells
+from profiler.experiments.verify import run_verification
 
 
 def _expected(rec: dict[str, Any]) -> tuple[float, float] | None:

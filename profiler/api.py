@@ -15,7 +15,7 @@
                 step.loss = loss.detach()
 
 `api.run` creates a run directory (status `running`), starts the step timer, the sampler and the
-torch.profiler window of `profile.trace_window` exactly as profile-run does (profiler.run.instruments),
+torch.profiler window of `profile.trace_window` exactly as profile-run does (profiler.capture.ranks.instruments),
 and on leaving the block closes them and finalizes the run: summary, diagnosis, report.html,
 `completed`; `failed` with the error on an exception and `interrupted` on Ctrl-C or SIGTERM, every
 step before it kept.
@@ -58,10 +58,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from optimizers.config import build_section, section_to_dict
 from profiler import plugins, store
+from profiler.capture.finish import finalize, measured_peaks
+from profiler.capture.ranks import RankRecord, instruments, raise_interrupted
 from profiler.config import ProfileConfig
-from profiler.device import MATMUL_DTYPES, environment
 from profiler.instruments.comm import CommStats
-from profiler.run import RankRecord, finalize, instruments, measured_peaks, raise_interrupted
+from profiler.instruments.machine import MATMUL_DTYPES, environment
 from reference_model.trainer import StepRecord, TrainStart, dist_env
 
 SOURCE = "api"

@@ -55,7 +55,7 @@ def check_runs_dir(runs_dir: Path) -> None:
         raise StoreError(f"runs directory {runs_dir} is not writable: {exc.strerror or exc}") from None
 
 
-def _utc_now() -> str:
+def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
@@ -65,7 +65,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def _new_dir(parent: Path, name: str) -> Path:
+def new_dir(parent: Path, name: str) -> Path:
     """A new directory `<UTC stamp>-<name>-<random>` under `parent`, never one that exists."""
     parent.mkdir(parents=True, exist_ok=True)
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40] or "run"
@@ -81,13 +81,13 @@ def _new_dir(parent: Path, name: str) -> Path:
 
 def create_run(runs_dir: Path, name: str, record: dict[str, Any]) -> Path:
     """Make a new run directory (never reusing one) and its run.json with status `running`."""
-    run_dir = _new_dir(runs_dir, name)
+    run_dir = new_dir(runs_dir, name)
     run_id = run_dir.name
     (run_dir / "parts").mkdir()
     (run_dir / "traces").mkdir()
     write_json_atomic(run_dir / "run.json", {
         "schema_version": SCHEMA_VERSION, "id": run_id, "name": name, "status": "running",
-        "created": _utc_now(), "ended": None, "pid": os.getpid(), "host": os.uname().nodename,
+        "created": utc_now(), "ended": None, "pid": os.getpid(), "host": os.uname().nodename,
         **record})
     return run_dir
 
@@ -389,58 +389,3 @@ def read_rank_statuses(run_dir: Path) -> list[dict[str, Any]]:
         except (OSError, json.JSONDecodeError):
             continue
     return out
-
-
-PLAN_KINDS = {"sweep": "sweeps", "tune": "tunes"}
-"""Records of plans of runs (a sweep's grid, a tune's steps) live beside the runs:
-`<runs_dir>/<sweeps|tunes>/<id>/<kind>.json`; their runs are ordinary runs in `<runs_dir>`."""
-
-
-def create_plan(runs_dir: Path, kind: str, name: str, record: dict[str, Any]) -> Path:
-    """A new plan directory with its record (`id`, `created` added); returns the directory."""
-    plan_dir = _new_dir(runs_dir / PLAN_KINDS[kind], name)
-    write_plan(plan_dir, kind, {"schema_version": SCHEMA_VERSION, "id": plan_dir.name, "created": _utc_now(),
-                                **record})
-    return plan_dir
-
-
-def write_plan(plan_dir: Path, kind: str, record: dict[str, Any]) -> None:
-    write_json_atomic(plan_dir / f"{kind}.json", record)
-
-
-def read_plan(plan_dir: Path, kind: str) -> dict[str, Any]:
-    path = plan_dir / f"{kind}.json"
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise StoreError(f"{plan_dir} is not a {kind} directory (no {kind}.json)") from None
-    except OSError as exc:
-        raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise StoreError(f"{path} is not valid JSON (truncated or damaged: {exc})") from None
-    if not isinstance(record, dict):
-        raise StoreError(f"{path} holds no {kind} record")
-    return record
-
-
-def list_plans(runs_dir: Path, kind: str) -> list[tuple[Path, dict[str, Any]]]:
-    """Every readable plan record of `kind`, newest first (unreadable ones are skipped)."""
-    out = []
-    for path in (runs_dir / PLAN_KINDS[kind]).glob(f"*/{kind}.json"):
-        try:
-            out.append((path.parent, read_plan(path.parent, kind)))
-        except StoreError:
-            continue
-    return sorted(out, key=lambda p: p[1].get("created") or "", reverse=True)
-
-
-def resolve_plan(ref: str | Path, runs_dir: Path, kind: str) -> Path:
-    """A plan directory from what a user typed: its directory, its record file, or its id."""
-    path = Path(ref)
-    if path.is_file() and path.name == f"{kind}.json":
-        return path.parent
-    for candidate in (path, runs_dir / PLAN_KINDS[kind] / str(ref)):
-        if (candidate / f"{kind}.json").exists():
-            return candidate
-    raise StoreError(f"no {kind} {str(ref)!r}: not a {kind} directory, nor a {kind} id in "
-                     f"{runs_dir / PLAN_KINDS[kind]}")

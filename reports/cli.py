@@ -52,9 +52,9 @@ def write_run_report(run_dir: Path, output: Path | None = None) -> Path:
 
 
 def _compare(args: argparse.Namespace, runs_dir: Path) -> Path:
-    from profiler.compare_cli import load_side
-    from profiler.compare_gate import GateError, make_gate
-    from profiler.compare_runs import compare
+    from profiler.cli.compare import load_side
+    from profiler.compare.gate import GateError, make_gate
+    from profiler.compare.runs import compare
     from reports import html
     from reports.report_compare import compare_report
 

@@ -1,4 +1,4 @@
-"""Figures of a comparison (profiler.compare_runs.compare): per-metric changes with intervals and
+"""Figures of a comparison (profiler.compare.runs.compare): per-metric changes with intervals and
 verdicts, the step-time distributions overlaid, the breakdowns side by side, and the config diff.
 Comparison (and the stored runs it compared) in, plotly figure out.
 """
@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from profiler.analysis import RunData
-from profiler.compare_runs import Comparison
+from profiler.compare.runs import Comparison
 from profiler.metrics import METRIC_BY_NAME
 from reports.figures_run import merged_steps
 from reports.plotting import PHASE_COLORS, SIDE_COLORS, VERDICT_COLORS, figure, safe

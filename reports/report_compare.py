@@ -1,6 +1,6 @@
 """The report of a comparison: the gate's verdict first, then the figures (changes per metric, step-time
 distributions, breakdowns side by side, config diff), then the tables. The numbers are
-`profiler.compare_runs.compare`'s, as `glmperf compare` prints them.
+`profiler.compare.runs.compare`'s, as `glmperf compare` prints them.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from profiler.analysis import RunData
-from profiler.compare_formats import STEPS_NOTE, headline
-from profiler.compare_runs import Comparison
-from profiler.console import fmt
+from profiler.compare.formats import STEPS_NOTE, headline
+from profiler.compare.runs import Comparison
 from profiler.metrics import METRIC_BY_NAME
+from profiler.text import fmt
 from reports import figures_compare, html
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from optimizers.config import ConfigError
-from profiler import console
+from profiler import text
 from profiler.analysis import RunData, summary_of
 from profiler.config import load_config, settings_text
 from profiler.metrics import flatten, lookup
@@ -39,7 +39,7 @@ def diagnosis_of(run: RunData, summary: Mapping[str, Any]) -> dict[str, Any]:
         return dict(stored)
     if not summary.get("steps_counted"):
         return {}
-    from profiler.recommend import advise  # imports torch: only for runs stored without a diagnosis
+    from profiler.advice.recommend import advise  # imports torch: only for runs stored without a diagnosis
 
     return advise(run)
 
@@ -100,7 +100,7 @@ def verdict_of(diagnosis: Mapping[str, Any], verification: Mapping[str, Any] | N
         "text": diagnosis.get("verdict") or "not diagnosed: the run has no counted step",
         "bottleneck": {"kind": found[0]["kind"], "explains": f"{100 * found[0]['severity']:.0f}% of the step",
                        "message": found[0]["message"]} if found else None,
-        "recommendation": {"settings": settings_text(top["set"]), "expected": console.expected_text(top),
+        "recommendation": {"settings": settings_text(top["set"]), "expected": text.expected_text(top),
                            "command": top["command"],
                            "verified": verified_text(figures_advice.verified(top, verification))
                            if verification else ""} if top else None,
@@ -109,13 +109,13 @@ def verdict_of(diagnosis: Mapping[str, Any], verification: Mapping[str, Any] | N
 
 def run_tables(run: RunData, diagnosis: Mapping[str, Any], verification: Mapping[str, Any] | None) -> dict[str, Any]:
     evidence = [
-        "; ".join(f"{name} {console.fmt(f.get('value'), 2)} {f.get('unit', '')} [{f.get('source', '')}]"
+        "; ".join(f"{name} {text.fmt(f.get('value'), 2)} {f.get('unit', '')} [{f.get('source', '')}]"
                   for name, f in (b.get("evidence") or {}).items()) for b in diagnosis.get("bottlenecks") or []]
     return {
         "bottlenecks": [[b["kind"], f"{100 * b['severity']:.0f}%", b["message"], f"{b['rule']}: {b['threshold']}", e]
                         for b, e in zip(diagnosis.get("bottlenecks") or [], evidence, strict=True)],
         "skipped": [[s["rule"], s["reason"]] for s in diagnosis.get("skipped") or []],
-        "recommendations": [[settings_text(r["set"]), r.get("for", ""), console.expected_text(r),
+        "recommendations": [[settings_text(r["set"]), r.get("for", ""), text.expected_text(r),
                              verified_text(figures_advice.verified(r, verification)), r.get("risk", ""),
                              r["command"]] for r in diagnosis.get("recommendations") or []],
         "verification": (f"Verified by rerunning: {verification.get('repeats')} repeat(s) of "
@@ -166,6 +166,6 @@ def run_report(run: RunData) -> str:
         banner={"text": banner[0].format(total=summary.get("steps_total", 0), id=run.id), "bad": banner[1]}
         if banner else None,
         what_ran=what_ran(run, summary), verdict=verdict_of(diagnosis, verification),
-        summary_rows=console.summary_rows(run.record, summary, run.status), notes=summary.get("notes", []),
+        summary_rows=text.summary_rows(run.record, summary, run.status), notes=summary.get("notes", []),
         written=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         **run_tables(run, diagnosis, verification))

@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from profiler import store
 from profiler.config import settings_text
+from profiler.experiments import records
 from reports import figures_sweep, html
 
 BANNERS = {"running": "This sweep is still running: cells marked pending have no runs yet.",
@@ -23,11 +24,11 @@ BANNERS = {"running": "This sweep is still running: cells marked pending have no
 def read_sweep(ref: str | Path, runs_dir: Path) -> tuple[Path, dict[str, Any]]:
     """The sweep.json a reference names (its directory, the file, or its id) and the record in it;
     StoreError (one line) when there is none or it is not a sweep record."""
-    plan_dir = store.resolve_plan(ref, runs_dir, "sweep")
-    data = store.read_plan(plan_dir, "sweep")
+    record_dir = records.resolve(ref, runs_dir, "sweep")
+    data = records.read(record_dir, "sweep")
     if not isinstance(data.get("cells"), list) or "id" not in data:
-        raise store.StoreError(f"{plan_dir / 'sweep.json'} is not a sweep record (no id or cells)")
-    return plan_dir / "sweep.json", data
+        raise store.StoreError(f"{record_dir / 'sweep.json'} is not a sweep record (no id or cells)")
+    return record_dir / "sweep.json", data
 
 
 def _interval(row: Mapping[str, Any]) -> str:

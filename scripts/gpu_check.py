@@ -14,9 +14,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from profiler import store  # noqa: E402
+from profiler.advice.plan import plan  # noqa: E402
+from profiler.capture.run import profile_run  # noqa: E402
 from profiler.config import build_run_config, load_config  # noqa: E402
-from profiler.plan import plan  # noqa: E402
-from profiler.run import profile_run  # noqa: E402
 from reference_model.trainer import StepRecord, TrainerHook  # noqa: E402
 
 FAILED: list[str] = []
@@ -92,7 +92,7 @@ def check_single(run_dir: Path) -> None:
     check(bool((samples["gpu_util_pct"] > 0).any()), "NVML saw the GPU busy")
     gpu = ((record["summary"].get("trace") or {}).get("ranks") or {}).get("0") or {}
     print(f"  own trace as import reads it: {json.dumps({k: gpu.get(k) for k in ('temporal', 'idle')})}")
-    check(0 < (gpu.get("temporal") or {}).get("idle_share", -1) < 1, "the run's own trace analysed: GPU idle share")
+    check(0 < (gpu.get("temporal") or {}).get("idle_share", -1) < 1, "the run's own trace analyzed: GPU idle share")
 
 
 def compare_plan(run_dir: Path, nproc: int) -> None:

@@ -19,8 +19,8 @@ import pandas as pd
 import pytest
 
 from profiler import store
+from profiler.capture.run import profile_run
 from profiler.config import load_config
-from profiler.run import profile_run
 from reference_model.trainer import StepRecord, TrainerHook
 
 ROOT = Path(__file__).resolve().parent.parent

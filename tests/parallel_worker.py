@@ -5,7 +5,7 @@ writes this rank's losses and held bytes to OUT/rank<r>.json.
 
 SCENARIOS is a JSON list of {"name", "preset", "switches", "steps", "batch_size"}. Per scenario a rank reports
 its step losses, the bytes of parameters, gradients and optimizer state it holds after training
-(`Trainer.held_bytes`), and the bytes one forward saves for backward (`profiler.saved.forward_saved`,
+(`Trainer.held_bytes`), and the bytes one forward saves for backward (`profiler.advice.saved_tensors.forward_saved`,
 the count `glmperf plan` traces); a pipeline stage, the peak of what its schedule keeps alive over one
 batch (every micro-batch in flight, and each one's output). Every scenario reuses one process group.
 """
@@ -24,7 +24,7 @@ from torch import nn
 from optimizers import SwitchesConfig
 from optimizers.config import build_section
 from optimizers.pipeline import PipelineRunner
-from profiler.saved import SavedTracker, forward_saved
+from profiler.advice.saved_tensors import SavedTracker, forward_saved
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.trainer import StepRecord, Trainer, TrainerHook
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from benchmarks.diagnosis_scenarios import Scenario, run
+from profiler.advice.plan import plan
 from profiler.analysis import load_run
 from profiler.cli import main
 from profiler.config import build_run_config
-from profiler.plan import plan
 from profiler.traces.collectives import KINDS, analyze
 from profiler.traces.reader import read_trace
 from profiler.traces.steps import step_rows

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from profiler.compare import Options, compare_series, discount_contention, loss_parity, stability_warnings
-from profiler.compare_gate import LOSS_PARITY, GateError, Threshold, make_gate, parse_threshold
-from profiler.compare_runs import Comparison, MetricComparison
+from profiler.compare.gate import LOSS_PARITY, GateError, Threshold, make_gate, parse_threshold
+from profiler.compare.runs import Comparison, MetricComparison
+from profiler.compare.stats import Options, compare_series, discount_contention, loss_parity, stability_warnings
 
 QUIET = Options(run_noise={"default": 0.01})
 """A quiet, pinned machine whose identical runs agree to 1%."""

@@ -15,10 +15,11 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app import cli, jobs
-from profiler import console, store
+from profiler import text
 from profiler.analysis import load_run, summary_of
-from profiler.compare_gate import make_gate
-from profiler.compare_runs import compare
+from profiler.compare.gate import make_gate
+from profiler.compare.runs import compare
+from profiler.experiments import records
 from profiler.metrics import METRIC_BY_NAME
 from reports.plotting import title
 from reports.report_run import diagnosis_of, run_figures
@@ -61,7 +62,7 @@ def write_tune(root: Path, run: dict) -> None:
                   (1, {"switches.dataloader.num_workers": 2}, "confirmed", "adopted", "confirmed within budget"),
                   (2, {"switches.compile.mode": "default"}, "inconclusive", "refused", f"not confirmed {XSS}"))]
     figures = {"run": run["id"], "tokens_per_s": 1000.0, "peak_memory_gib": 1.0}
-    store.create_plan(root, "tune", "tiny", {
+    records.create(root, "tune", "tiny", {
         "status": "completed", "spec": {"preset": "tiny", "repeats": 2}, "rounds": rounds,
         "adopted": [rounds[0]["tried"]], "stopped": "nothing left to try",
         "tuned": {"settings": rounds[0]["tried"], "config": {"name": "tiny", "switches": {"dataloader": {
@@ -131,7 +132,7 @@ def test_run_page_shows_the_stored_run(runs: Path, completed_run: Path, monkeypa
     metrics = {m.label: m.value for m in at.metric}
     for name in ("tokens_per_s", "step_time_p50", "peak_memory", "mfu"):
         m = METRIC_BY_NAME[name]
-        assert metrics[m.label] == f"{console.fmt(m.value(done['summary']), m.digits)} {m.unit}"
+        assert metrics[m.label] == f"{text.fmt(m.value(done['summary']), m.digits)} {m.unit}"
     assert done["diagnosis"]["verdict"] in texts(at, "markdown")
     commands = {c.value for c in at.code}
     assert {r["command"] for r in done["diagnosis"]["recommendations"]} <= commands

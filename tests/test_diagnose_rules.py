@@ -9,9 +9,9 @@ import pytest
 
 from optimizers import Candidate, Effect
 from optimizers.vocabulary import Bottleneck
-from profiler import diagnose as d
+from profiler.advice import diagnose as d
+from profiler.advice.recommend import expected
 from profiler.analysis.figures import Figure, Figures
-from profiler.recommend import expected
 
 HEALTHY = {
     "share.data": 1.0, "share.h2d": 0.0, "share.forward": 30.0, "share.backward": 60.0, "share.optimizer": 8.0,

@@ -12,8 +12,8 @@ import pytest
 
 from optimizers.vocabulary import Capability
 from profiler import store
+from profiler.advice.recommend import advise, capabilities
 from profiler.analysis import analyze, load_run
-from profiler.recommend import advise, capabilities
 
 H200_RUN = Path(__file__).parent / "data" / "runs" / "h200-small-bf16"
 

@@ -15,9 +15,9 @@ import pytest
 
 from profiler import store
 from profiler.analysis import load_run
+from profiler.capture.import_traces import import_traces
 from profiler.cli import main
 from profiler.metrics import flatten
-from profiler.traces import import_traces
 
 TRACES = Path("/work/shared/data/traces")
 HTA = json.loads((Path(__file__).parent / "data" / "traces_hta" / "hta_figures.json").read_text())

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from profiler import device as devmod
 from profiler import store
 from profiler.instruments import CpuBackend, Sampler, StepTimer, TraceWindow, choose_backend
-from profiler.instruments.steps import STEP_COLUMNS, _HwmReset
+from profiler.instruments import machine as devmod
+from profiler.instruments.step_timer import STEP_COLUMNS, _HwmReset
 from profiler.metrics import DERIVED_PHASES, PHASE_COLUMNS, PHASE_NAMES
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.trainer import StepRecord, Trainer, TrainerHook, TrainStart

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from optimizers import ConfigError
+from profiler.advice.plan import GPUS_GB, plan
+from profiler.advice.saved_tensors import saved_bytes
 from profiler.config import build_run_config, load_config
-from profiler.plan import GPUS_GB, plan
-from profiler.saved import saved_bytes
 from reference_model.config import model_config
 from reference_model.model import GLMForCausalLM
 

@@ -13,8 +13,9 @@ import pandas as pd
 import psutil
 import pytest
 
-from profiler import run as run_module
 from profiler import store
+from profiler.capture import launch
+from profiler.capture import run as run_module
 from profiler.config import load_config
 from profiler.metrics import PHASE_COLUMNS, PHASE_NAMES
 from tests.conftest import ROOT, TINY, cli, glmperf, wait_for_steps
@@ -111,7 +112,7 @@ def test_a_failure_of_the_launcher_itself_is_the_runs_error(tmp_path: Path, monk
     def cannot_start(*args, **kwargs):
         raise FileNotFoundError("[Errno 2] No such file or directory: 'torchrun'")
 
-    monkeypatch.setattr(run_module, "_launch_ranks", cannot_start)
+    monkeypatch.setattr(run_module, "launch_ranks", cannot_start)
     run_dir = run_module.profile_run(load_config(preset="tiny", overrides=TINY, nproc=2), runs_dir=tmp_path, nproc=2,
                                      progress=False)
     record = store.read_run(run_dir)
@@ -137,9 +138,9 @@ Root Cause (first observed failure):
   error_file: <N/A>
   traceback : Signal 9 (SIGKILL) received by PID 3569
 ======================================================"""
-    assert run_module.torchrun_root_cause(report) == (
+    assert launch.torchrun_root_cause(report) == (
         "rank 1 (local_rank: 1) exited with code -9 (pid: 3569)  (SIGKILL): Signal 9 (SIGKILL) received by PID 3569")
-    assert run_module.torchrun_root_cause("======\n") is None
+    assert launch.torchrun_root_cause("======\n") is None
 
 
 def test_bad_input_fails_before_the_run_directory_exists(tmp_path: Path) -> None:

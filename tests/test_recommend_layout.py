@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from benchmarks.diagnosis_scenarios import Scenario, run
+from profiler.advice.plan import plan
 from profiler.config import build_run_config, load_config, override_texts
-from profiler.plan import plan
 
 BUDGET = "profile.memory_budget_gb=0.25"
 """Below any process's peak: the run is memory bound on every machine."""

@@ -15,8 +15,8 @@ import pytest
 
 from profiler import plugins, store
 from profiler.cli import main
-from profiler.console import fmt
 from profiler.metrics import METRIC_BY_NAME, PHASES
+from profiler.text import fmt
 from tests.conftest import copy_run
 from tests.test_report_pages import XSS, Page, summary_of_json, values, write_sweep
 
@@ -131,8 +131,8 @@ def test_verified_recommendations_side_by_side(completed_run: Path, tmp_path: Pa
 def test_compare_report(completed_run: Path, two_rank_run: Path, tmp_path: Path,
                         capsys: pytest.CaptureFixture[str]) -> None:
     from profiler.analysis import load_run
-    from profiler.compare_gate import make_gate
-    from profiler.compare_runs import compare
+    from profiler.compare.gate import make_gate
+    from profiler.compare.runs import compare
 
     text, page = report("--compare", str(completed_run), str(two_rank_run), out=tmp_path / "c.html", capsys=capsys)
     assert_self_contained(text, page)

@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from profiler import store, sweep
+from profiler import store
 from profiler.analysis import load_run, summary_of
 from profiler.cli import main
+from profiler.cli.sweep import print_sweep
+from profiler.experiments import records, sweep
 from profiler.metrics import METRIC_BY_NAME
-from profiler.sweep_cli import print_sweep
 from tests.conftest import ROOT, TINY, glmperf
 
 FAST = [f"--set={o}" for o in (*TINY, "profile.trace=false")]
@@ -151,7 +152,7 @@ def stored_runs(runs_dir: Path) -> list[Path]:
 
 
 def only_record(runs_dir: Path) -> dict[str, Any]:
-    ((_, record),) = store.list_plans(runs_dir, "sweep")
+    ((_, record),) = records.list_all(runs_dir, "sweep")
     return record
 
 
@@ -259,7 +260,7 @@ def test_an_interrupted_sweep_restarted_runs_nothing_done_again(tmp_path: Path) 
                              *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         def first_cell_stored() -> bool:
-            plans = store.list_plans(tmp_path, "sweep")
+            plans = records.list_all(tmp_path, "sweep")
             return bool(plans and completed_runs(plans[0][1]))
 
         def alive(check: Any) -> Any:

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from optimizers import SwitchesConfig
+from profiler.advice.plan import plan
 from profiler.config import build_run_config
-from profiler.plan import plan
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.trainer import Trainer
 from tests.parallel_worker import SEQ_LEN, Losses

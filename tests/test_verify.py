@@ -1,4 +1,4 @@
-"""`glmperf recommend --verify`: the plan, and verdicts on real reruns that must come out as induced."""
+"""`glmperf recommend --verify`: the trials, and verdicts on real reruns that must come out as induced."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import math
 import pytest
 
 from profiler import store
+from profiler.advice.recommend import advise
 from profiler.analysis import load_run
-from profiler.cells import Cell, run_cells
 from profiler.config import load_config
-from profiler.recommend import advise
-from profiler.verify import COMBINED, MIN_GAIN, Trial, judge, judge_plan, runs_of, verify_plan
+from profiler.experiments.batch import Cell, run_cells
+from profiler.experiments.verify import COMBINED, MIN_GAIN, Trial, judge, judge_trials, runs_of, trials_for
 from tests.conftest import TINY, glmperf, tiny_run
 
 
@@ -25,32 +25,32 @@ def test_plan_interleaves_trials_traces_once_and_refuses_conflicts(completed_run
     run = load_run(completed_run)
     a = rec({"switches.dataloader.num_workers": 1})
     b = rec({"switches.dataloader.num_workers": 2})
-    plan = verify_plan(run, [a, b], repeats=2, steps=12)
-    assert [t.label for t in plan.trials] == ["baseline", "dataloader", "dataloader"]
-    assert plan.refused == ({"label": COMBINED, "reason": "two recommendations set one key differently"},)
-    assert [c.links["verifies"]["trial"] for c in plan.cells] == ["baseline", "dataloader", "dataloader"] * 2
-    assert all(c.links["verifies"]["run"] == run.id for c in plan.cells)
-    assert [c.cfg.profile.trace for c in plan.cells] == [run.config["profile"]["trace"]] * 3 + [False] * 3
-    assert {c.cfg.train.steps for c in plan.cells} == {12}
-    assert plan.trials[1].cfg.switches.dataloader.num_workers == 1
+    trials = trials_for(run, [a, b], repeats=2, steps=12)
+    assert [t.label for t in trials.trials] == ["baseline", "dataloader", "dataloader"]
+    assert trials.refused == ({"label": COMBINED, "reason": "two recommendations set one key differently"},)
+    assert [c.links["verifies"]["trial"] for c in trials.cells] == ["baseline", "dataloader", "dataloader"] * 2
+    assert all(c.links["verifies"]["run"] == run.id for c in trials.cells)
+    assert [c.cfg.profile.trace for c in trials.cells] == [run.config["profile"]["trace"]] * 3 + [False] * 3
+    assert {c.cfg.train.steps for c in trials.cells} == {12}
+    assert trials.trials[1].cfg.switches.dataloader.num_workers == 1
 
     c = rec({"switches.stability.clip_grad_norm": 0.5})
-    combined = verify_plan(run, [a, c], repeats=1, steps=12)
+    combined = trials_for(run, [a, c], repeats=1, steps=12)
     together = combined.trials[-1]
     assert together.label == COMBINED and together.recommendation["set"] == {**a["set"], **c["set"]}
     assert together.cfg.switches.dataloader.num_workers == 1 and together.cfg.switches.stability.clip_grad_norm == 0.5
 
 def test_plan_refuses_a_change_the_catalog_rejects(completed_run):
     run = load_run(completed_run)
-    plan = verify_plan(run, [rec({"switches.compile.mode": "nonsense"})], repeats=1, steps=12)
-    assert [t.label for t in plan.trials] == ["baseline"]
-    assert plan.refused[0]["label"] == "compile" and plan.refused[0]["reason"].startswith("cannot run here")
+    trials = trials_for(run, [rec({"switches.compile.mode": "nonsense"})], repeats=1, steps=12)
+    assert [t.label for t in trials.trials] == ["baseline"]
+    assert trials.refused[0]["label"] == "compile" and trials.refused[0]["reason"].startswith("cannot run here")
 
 def _verify(run_dir, recs, tmp_path, repeats=2, steps=14):
     run = load_run(run_dir)
-    plan = verify_plan(run, recs, repeats=repeats, steps=steps)
-    done = list(run_cells(plan.cells, runs_dir=tmp_path, progress=False))
-    return judge_plan(plan, runs_of(plan, done))
+    trials = trials_for(run, recs, repeats=repeats, steps=steps)
+    done = list(run_cells(trials.cells, runs_dir=tmp_path, progress=False))
+    return judge_trials(trials, runs_of(trials, done))
 
 @pytest.mark.slow
 def test_a_change_that_slows_training_is_refuted_and_one_that_changes_the_loss_is_changes_numerics(tmp_path):
@@ -106,7 +106,7 @@ def test_verify_confirms_the_loader_fix_of_an_input_bound_run_and_stores_it(tmp_
     assert top["verdict"] in shown.stdout and "switches.dataloader.num_workers=2" in shown.stdout
 
 def _cell(runs_dir, *overrides):
-    """A tiny run as a plan's cell (memory this process held before released first)."""
+    """A tiny run as a trials's cell (memory this process held before released first)."""
     cfg = load_config(preset="tiny", overrides=[*TINY, *overrides])
     ((_, run_dir),) = run_cells([Cell("test", cfg)], runs_dir=runs_dir, progress=False)
     return run_dir
@@ -124,9 +124,9 @@ def test_the_top_memory_remedy_brings_the_peak_under_the_budget(tmp_path):
     assert advice["bottlenecks"][0]["kind"] == "memory_bound"
     top = advice["recommendations"][0]
     assert top["judged_by"] == "peak_memory"
-    plan = verify_plan(run, [top], repeats=1, steps=12)
-    done = list(run_cells(plan.cells, runs_dir=tmp_path / "cells", progress=False))
-    (result,) = judge_plan(plan, runs_of(plan, done), budget_gib=budget)["results"]
+    trials = trials_for(run, [top], repeats=1, steps=12)
+    done = list(run_cells(trials.cells, runs_dir=tmp_path / "cells", progress=False))
+    (result,) = judge_trials(trials, runs_of(trials, done), budget_gib=budget)["results"]
     assert result["verdict"] == "confirmed", result
     assert result["measured"]["under_budget"] and result["measured"]["cand"] <= budget
 

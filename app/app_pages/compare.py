@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, widgets
-from profiler.compare_formats import headline
+from profiler.compare.formats import headline
 from reports.report_compare import metric_rows
 
 METRIC_HEADERS = ["metric", "unit", "baseline", "candidate", "change", "interval", "p", "threshold", "verdict", "why"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, widgets
-from profiler import console
+from profiler import text
 from profiler.config import settings_text
 from profiler.metrics import METRIC_BY_NAME
 from reports import report_run
@@ -36,7 +36,7 @@ def _recommendations(view: data.RunView) -> None:
         return
     for rec in recs:
         st.markdown(f"**{settings_text(rec['set'])}** (for {rec.get('for', '')}; risk: {rec.get('risk', '')})  \n"
-                    f"expected: {console.expected_text(rec)}  \n"
+                    f"expected: {text.expected_text(rec)}  \n"
                     f"verified: {report_run.verified_text(verified(rec, view.verification))}")
         st.code(rec["command"], language="bash")
     st.page_link("app_pages/recommend.py", label="Verify these by rerunning", query_params={"run": view.run.id})
@@ -57,7 +57,7 @@ def _tables(view: data.RunView) -> None:
     run = view.run
     tables = report_run.run_tables(run, view.diagnosis, view.verification)
     with st.expander("Summary and what ran"):
-        widgets.table(console.summary_rows(run.record, view.summary, run.status), ["figure", "value"])
+        widgets.table(text.summary_rows(run.record, view.summary, run.status), ["figure", "value"])
         for note in view.summary.get("notes", []):
             st.caption(f"note: {note}")
         widgets.table(report_run.what_ran(run, view.summary), ["what", "value"])

@@ -1,6 +1,6 @@
 """Parse once: one stored run (completed, failed, interrupted, live or killed) read into one object.
 
-Everything that analyses a run starts from `load_run`, which reads the run through
+Everything that analyzes a run starts from `load_run`, which reads the run through
 `profiler.store` (the only module that touches run directories): run.json, the steps, samples and
 ops tables (compacted or, for a live or killed run, its flushed parts), the events and the ranks'
 own status records. A table that cannot be read is empty in the object and named in `problems`,
@@ -20,7 +20,7 @@ from profiler import store
 
 @dataclass
 class RunData:
-    """One run's stored files, read once. Pure data: analysers take it and return figures."""
+    """One run's stored files, read once. Pure data: analyzers take it and return figures."""
 
     path: Path
     record: dict[str, Any]

@@ -4,7 +4,7 @@ from profiler.instruments.base import Instrument
 from profiler.instruments.comm import CommStats
 from profiler.instruments.nvml import NvmlBackend, ReplayBackend, nvml_row, nvml_status
 from profiler.instruments.samplers import Backend, CpuBackend, Sampler, choose_backend
-from profiler.instruments.steps import STEP_COLUMNS, StepTimer
+from profiler.instruments.step_timer import STEP_COLUMNS, StepTimer
 from profiler.instruments.torch_profiler import TraceWindow
 
 __all__ = [

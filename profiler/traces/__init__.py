@@ -1,6 +1,6 @@
-"""Reading existing torch.profiler chrome traces (one per rank) into a run: `glmperf import`."""
+"""Existing torch.profiler chrome traces (one per rank) read once and analyzed: what `glmperf import` stores."""
 
-from profiler.traces.importer import Imported, ImportFailed, import_traces, trace_summary
 from profiler.traces.reader import TraceError, read_trace
+from profiler.traces.summary import ImportFailed, trace_summary
 
-__all__ = ["ImportFailed", "Imported", "TraceError", "import_traces", "read_trace", "trace_summary"]
+__all__ = ["ImportFailed", "TraceError", "read_trace", "trace_summary"]

@@ -2,7 +2,7 @@
 
 A collective is a process-group operator on the host (`c10d::allreduce_`, `c10d::_allgather_base_`,
 `c10d::send`, ...; the functional collectives of tensor parallelism run one inside), its kind from
-that name. Payload bytes follow `glmperf plan` (profiler.plan), so the two compare: the tensor an
+that name. Payload bytes follow `glmperf plan` (profiler.advice.plan), so the two compare: the tensor an
 all-gather produces, a reduce-scatter or all-to-all consumes, an all-reduce or broadcast works on, a
 send or recv moves. An operator that takes a tensor list records no shapes: its bytes are those of
 the backend's own event (`gloo:all_reduce`, `nccl:all_reduce`, with the tensor it works on), matched

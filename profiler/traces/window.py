@@ -1,4 +1,4 @@
-"""The GPU side of one rank's trace as HTA analyses it: which events, which kind, which times.
+"""The GPU side of one rank's trace as HTA analyzes it: which events, which kind, which times.
 
 HTA (facebookresearch/HolisticTraceAnalysis, `hta/common/trace.py`, `hta/utils/utils.py`) reads
 the trace in whole microseconds (a nanosecond trace's start rounded up, its end down), and with two

@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from optimizers.config import ConfigError
-from profiler import compare_cli, console, import_cli, plan_cli, plugins, store, sweep_cli, tune_cli
+from profiler import plugins, store
+from profiler.cli import compare as compare_cli
+from profiler.cli import console
+from profiler.cli import import_traces as import_cli
+from profiler.cli import plan as plan_cli
+from profiler.cli import sweep as sweep_cli
+from profiler.cli import tune as tune_cli
 from profiler.config import load_config, shipped_presets
 
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT = 0, 1, 2
@@ -101,7 +107,7 @@ def profile_run_main(argv: list[str] | None = None) -> int:
     except (ConfigError, store.StoreError) as exc:
         print(f"profile-run: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from profiler.run import profile_run
+    from profiler.capture.run import profile_run
 
     run_dir = profile_run(cfg, runs_dir=args.runs_dir, nproc=args.nproc, progress=not args.no_progress)
     for name, outcome in plugins.after_run(run_dir):
@@ -116,7 +122,7 @@ def profile_run_main(argv: list[str] | None = None) -> int:
 
 
 def _init_run(args: argparse.Namespace) -> int:
-    from profiler.run import create_run_dir
+    from profiler.capture.run import create_run_dir
 
     cfg = load_config(config=args.config, preset=args.preset, overrides=args.overrides, nproc=args.nproc)
     store.check_runs_dir(store.default_runs_dir(args.runs_dir))
@@ -130,7 +136,7 @@ def _show_ok(args: argparse.Namespace, run_dir: Path) -> int:
 
 
 def _finalize(args: argparse.Namespace, run_dir: Path) -> int:
-    from profiler.run import finalize
+    from profiler.capture.finish import finalize
 
     store.read_run(run_dir)  # a clear error before anything is moved
     finalize(run_dir)
@@ -154,8 +160,8 @@ def _runs(args: argparse.Namespace, runs_dir: Path) -> int:
 def _advice(args: argparse.Namespace, run_dir: Path) -> tuple[Any, dict[str, Any]]:
     """The run and its diagnosis with recommendations, computed now (also for runs stored before
     diagnosis existed, and with this command's options)."""
+    from profiler.advice.recommend import advise
     from profiler.analysis import summary_of
-    from profiler.recommend import advise
 
     run = _load(run_dir)
     if not summary_of(run).get("steps_counted"):
@@ -177,7 +183,7 @@ def _diagnose(args: argparse.Namespace, run_dir: Path) -> int:
 
 def _verify_options(args: argparse.Namespace, run: Any) -> tuple[int, int]:
     """--repeats and --steps, checked before any run starts."""
-    from profiler.compare import Options
+    from profiler.compare.stats import Options
 
     steps = args.steps if args.steps is not None else int(run.config["train"]["steps"])
     warmup = int(run.config["profile"]["warmup_steps"])
@@ -194,8 +200,8 @@ def _recommend(args: argparse.Namespace, run_dir: Path) -> int:
     run, advice = _advice(args, run_dir)
     verification = (run.record.get("diagnosis") or {}).get("verification")
     if args.verify:
-        from profiler.cells import PlanInterrupted
-        from profiler.verify import run_verification
+        from profiler.experiments.batch import BatchInterrupted
+        from profiler.experiments.verify import run_verification
 
         repeats, steps = _verify_options(args, run)
         if not args.json:
@@ -206,7 +212,7 @@ def _recommend(args: argparse.Namespace, run_dir: Path) -> int:
             verification = run_verification(run, advice, top=args.top or 3, repeats=repeats, steps=steps,
                                             runs_dir=store.default_runs_dir(args.runs_dir),
                                             progress=not args.no_progress)
-        except PlanInterrupted:
+        except BatchInterrupted:
             verification = store.read_run(run.path)["diagnosis"]["verification"]
             console.print_verification(run.id, verification, sys.stdout)
             return 130
@@ -287,6 +293,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"glmperf: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
-
-if __name__ == "__main__":
-    sys.exit(profile_run_main())

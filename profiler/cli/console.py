@@ -7,7 +7,6 @@ brackets) and are printed as they are. Names and units come from the metric regi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
@@ -15,44 +14,8 @@ from typing import Any, TextIO
 from profiler import store
 from profiler.analysis.comm import collectives_by_rank
 from profiler.config import settings_text
-from profiler.metrics import METRIC_BY_NAME, PHASES, Metric
-
-HEADLINE = ("tokens_per_s", "step_time_p50", "step_time_p90", "step_time_p99")
-TAIL = ("comm_bytes_per_step", "comm_overlap", "read_bytes_per_s", "straggler")
-
-
-def fmt(value: Any, digits: int = 3) -> str:
-    """A number for people (thousands separators, fixed digits); n/a for None and NaN."""
-    if not isinstance(value, (int, float)) or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value:,.{digits}f}"
-
-
-def _metric_row(m: Metric, summary: Mapping[str, Any], note: str = "") -> tuple[str, str]:
-    unit = f" ({m.unit})" if m.unit else ""
-    value = fmt(m.value(summary), m.digits)
-    return f"{m.label}{unit}", f"{value}  [{note}]" if note and value != "n/a" else value
-
-
-def summary_rows(record: Mapping[str, Any], summary: Mapping[str, Any], status: str) -> list[tuple[str, str]]:
-    """The headline figures of a run, as (name with unit, value) pairs."""
-    rows = [("status", status),
-            ("steps counted", f"{summary.get('steps_counted', 0)} of {summary.get('steps_total', 0)}")]
-    rows += [_metric_row(METRIC_BY_NAME[n], summary) for n in HEADLINE]
-    shares = summary.get("phase_share") or {}
-    rows += [_metric_row(METRIC_BY_NAME[f"{p.name}_share"], summary) for p in PHASES if p.name in shares]
-    rows.append(_metric_row(METRIC_BY_NAME["peak_memory"], summary, str(summary.get("peak_memory_source", ""))))
-    peak = summary.get("peak_flops")
-    gflops = fmt(peak * 1e-9 if isinstance(peak, (int, float)) else None, 0)
-    peak_note = (f"peak {gflops} GFLOP/s {summary.get('peak_dtype') or ''} x {summary.get('devices', 1)}, "
-                 f"{summary.get('peak_flops_source', '')}")
-    rows.append(_metric_row(METRIC_BY_NAME["mfu"], summary, peak_note))
-    rows.append(("loss first -> last", f"{fmt(summary.get('loss_first'), 4)} -> {fmt(summary.get('loss_last'), 4)}"))
-    rows += [_metric_row(METRIC_BY_NAME[n], summary) for n in TAIL
-             if not math.isnan(METRIC_BY_NAME[n].value(summary))]
-    if record.get("error"):
-        rows.append(("error", str(record["error"])))
-    return rows
+from profiler.metrics import METRIC_BY_NAME
+from profiler.text import expected_text, fmt, measured_text, moved_shares, summary_rows
 
 
 def print_table(rows: Iterable[tuple[str, str]], out: TextIO, *, title: str = "") -> None:
@@ -122,24 +85,6 @@ def print_diagnosis(run_id: str, advice: Mapping[str, Any], out: TextIO, *, evid
         print(f"  skipped {s['rule']}: {s['reason']}", file=out)
 
 
-def _range(r: Mapping[str, Any]) -> str:
-    if round(r["low"]) == round(r["high"]):
-        return f"{r['low']:+.0f}%"
-    return f"{r['low']:+.0f}% to {r['high']:+.0f}%"
-
-
-def expected_text(rec: Mapping[str, Any]) -> str:
-    """A recommendation's expected effect for people: throughput and memory ranges with their basis,
-    or, for a remedy of instability, what it prevents."""
-    exp = rec["expected"]
-    if rec.get("judged_by") == "stability":
-        return f"steadier training, not a speed change  [{exp['basis']}]"
-    gains = [f"tokens/s {_range(exp['tokens_per_s'])}"]
-    if "peak_memory" in exp:
-        gains.append(f"peak memory {_range(exp['peak_memory'])}")
-    return f"{', '.join(gains)}  [{exp['basis']}]"
-
-
 def print_recommendations(run_id: str, advice: Mapping[str, Any], out: TextIO) -> None:
     """The ranked switch changes, each with its expected gain, risk and the command that tries it."""
     recs = advice["recommendations"]
@@ -170,27 +115,6 @@ def print_advice_head(run_id: str, advice: Mapping[str, Any], out: TextIO) -> No
         print(f"           expected: {expected_text(top)} (all: glmperf recommend {run_id})", file=out)
 
 
-def measured_text(m: Mapping[str, Any]) -> str:
-    """A verified change's measured effect: the change with its interval and the runs behind it."""
-    if m.get("metric") == "stability_events":
-        return f"stability events {sum(m['base'])} -> {sum(m['cand'])}"
-    label = {"tokens_per_s": "tokens/s", "peak_memory": "peak memory"}.get(m["metric"], m["metric"])
-    what = "reduction" if m["metric"] == "peak_memory" else "gain"
-    return (f"{label} {what} {m['change_pct']:+.1f}% [{m['low_pct']:+.1f}%, {m['high_pct']:+.1f}%] "
-            f"({m['confidence']:.0%} interval, {m['runs'][0]}+{m['runs'][1]} runs)")
-
-
-SHARE_MOVE = 5.0
-"""Points of the step a phase's share must move by to be named under a verification."""
-
-
-def _moved_shares(shares: Mapping[str, Mapping[str, float]]) -> str:
-    base, cand = shares.get("baseline", {}), shares.get("candidate", {})
-    moved = [f"{p} {base[p]:.0f}% -> {cand[p]:.0f}%" for p in base
-             if p in cand and abs(cand[p] - base[p]) >= SHARE_MOVE]
-    return ", ".join(moved)
-
-
 def print_verification(run_id: str, verification: Mapping[str, Any], out: TextIO) -> None:
     """Each verified recommendation: verdict, measured gain with its interval next to the expected range."""
     state = "" if verification.get("complete", True) else " (stopped before the end: partial)"
@@ -203,7 +127,7 @@ def print_verification(run_id: str, verification: Mapping[str, Any], out: TextIO
             print(f"     expected: {expected_text(r)}", file=out)
         if r.get("measured"):
             print(f"     measured: {measured_text(r['measured'])}", file=out)
-            moved = _moved_shares(r["measured"].get("shares") or {})
+            moved = moved_shares(r["measured"].get("shares") or {})
             if moved:
                 print(f"     step shares: {moved}", file=out)
         print(f"     why: {r['reason']}", file=out)

@@ -2,7 +2,7 @@
 
 A sweep is the product of its grid's values (`--grid section.key=v1,v2`), each combination a cell
 built with `load_config` first, so the catalog's own checks refuse what cannot run here before
-anything starts. Cells run in this process (`profiler.cells`) with repeats interleaved (every cell
+anything starts. Cells run in this process (`profiler.experiments.batch`) with repeats interleaved (every cell
 once, then every cell again) so a drift of the machine's speed spreads over all cells alike. The
 record, `<runs_dir>/sweeps/<id>/sweep.json` (docs/run-format.md, "Sweeps"), is rewritten after
 every run, so an interrupt keeps what is done; the same sweep started again runs only the repeats
@@ -37,10 +37,10 @@ import numpy as np
 from scipy import stats
 
 from optimizers.config import ConfigError
-from profiler import store
 from profiler.analysis import load_run, summary_of
-from profiler.cells import Cell, run_cells, traced_once
 from profiler.config import RunConfig, load_config, merge_into, parse_override, settings_text, value_text
+from profiler.experiments import records
+from profiler.experiments.batch import Cell, run_cells, traced_once
 from profiler.metrics import METRIC_BY_NAME
 
 KIND = "sweep"
@@ -111,7 +111,7 @@ class Spec:
                            overrides=[*self.overrides, *steps, *sets])
 
 
-def plan(spec: Spec) -> tuple[list[tuple[dict[str, Any], RunConfig]], list[dict[str, Any]]]:
+def expand(spec: Spec) -> tuple[list[tuple[dict[str, Any], RunConfig]], list[dict[str, Any]]]:
     """Every combination of the grid (first key slowest) built, or refused with the catalog's reason."""
     accepted, refused = [], []
     for combo in itertools.product(*spec.grid.values()):
@@ -143,7 +143,7 @@ def new_record(spec: Spec, accepted: Sequence[tuple[dict[str, Any], RunConfig]],
 def same_sweeps(runs_dir: Path, record: dict[str, Any]) -> list[tuple[Path, dict[str, Any]]]:
     """The stored sweeps with this record's spec and cells, newest first."""
     cells = [c["settings"] for c in record["cells"]]
-    return [(d, old) for d, old in store.list_plans(runs_dir, KIND)
+    return [(d, old) for d, old in records.list_all(runs_dir, KIND)
             if _same(old.get("spec"), record["spec"]) and _same([c["settings"] for c in old.get("cells", [])], cells)]
 
 
@@ -277,7 +277,7 @@ def refresh(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def run_sweep(plan_dir: Path, record: dict[str, Any], configs: Sequence[RunConfig], *, runs_dir: Path,
+def run_sweep(record_dir: Path, record: dict[str, Any], configs: Sequence[RunConfig], *, runs_dir: Path,
               progress: bool = True) -> dict[str, Any]:
     """Run the record's repeats without a completed run, rewriting the record after each; Ctrl-C
     leaves it `interrupted` with everything done so far."""
@@ -285,16 +285,16 @@ def run_sweep(plan_dir: Path, record: dict[str, Any], configs: Sequence[RunConfi
                   traced_once(configs[i], r), links={KIND: {"id": record["id"], "cell": i, "repeat": r}})
              for i, r in todo(record)]
     record["status"] = "running"
-    store.write_plan(plan_dir, KIND, record)
+    records.write(record_dir, KIND, record)
     try:
         for cell, run_dir in run_cells(cells, runs_dir=runs_dir, progress=progress):
             link = cell.links[KIND]
             entry = record["cells"][link["cell"]]
             entry["runs"].append(run_dir.name)
             entry["attempts"].append({"repeat": link["repeat"], **measure(run_dir)})
-            store.write_plan(plan_dir, KIND, refresh(record))
+            records.write(record_dir, KIND, refresh(record))
         record["status"] = "completed"
     except KeyboardInterrupt:
         record["status"] = "interrupted"
-    store.write_plan(plan_dir, KIND, refresh(record))
+    records.write(record_dir, KIND, refresh(record))
     return record

@@ -1,5 +1,5 @@
 """The statistics of a comparison: is the candidate's figure worse than the baseline's, beyond a
-threshold, with confidence? Pure functions over numbers; `profiler.compare_runs` feeds them runs.
+threshold, with confidence? Pure functions over numbers; `profiler.compare.runs` feeds them runs.
 
 The model (docs/ci.md, "How compare decides"):
 

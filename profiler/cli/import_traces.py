@@ -30,9 +30,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from profiler import console
     from profiler.analysis import load_run
-    from profiler.traces import ImportFailed, import_traces
+    from profiler.capture.import_traces import import_traces
+    from profiler.cli import console
+    from profiler.traces import ImportFailed
 
     try:
         store.check_runs_dir(store.default_runs_dir(args.runs_dir))

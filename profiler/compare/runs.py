@@ -3,7 +3,7 @@ ask it. Pure over loaded runs (`profiler.analysis.load_run`): no I/O, no printin
 
     result = compare([load_run(a)], [load_run(b)], make_gate())
     result.verdict            # regressed, improved, unchanged or inconclusive
-    result.metrics            # per metric: figures, change, interval, p-value, verdict (profiler.compare)
+    result.metrics            # per metric: figures, change, interval, p-value, verdict (profiler.compare.stats)
     result.phases, result.ops # where the step time went, largest change first
     result.differences        # config, device, threads and versions that differ between the sides
 
@@ -23,8 +23,8 @@ import pandas as pd
 
 from profiler.analysis import RunData, operators, summary_of
 from profiler.analysis.steps import merge_ranks, steady_steps
-from profiler.compare import Estimate, Options, Parity, compare_series, discount_contention, loss_parity
-from profiler.compare_gate import DEFAULT_REPORTED, LOSS_PARITY, Gate, Threshold
+from profiler.compare.gate import DEFAULT_REPORTED, LOSS_PARITY, Gate, Threshold
+from profiler.compare.stats import Estimate, Options, Parity, compare_series, discount_contention, loss_parity
 from profiler.metrics import METRIC_BY_NAME, PHASES, flatten
 
 TOP_OPS = 5

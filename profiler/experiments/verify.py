@@ -1,9 +1,9 @@
 """Prove the advice: rerun a run's config and its recommendations side by side, and judge each by the
-statistics of `glmperf compare` (profiler.compare).
+statistics of `glmperf compare` (profiler.compare.stats).
 
-    plan = verify_plan(run, recommendations, repeats=3, steps=30)
-    for cell, run_dir in run_cells(plan.cells, runs_dir=...): ...
-    verification = judge_plan(plan, stored runs by trial)
+    trials = trials_for(run, recommendations, repeats=3, steps=30)
+    for cell, run_dir in run_cells(trials.cells, runs_dir=...): ...
+    verification = judge_trials(trials, stored runs by trial)
 
 The baseline is a fresh run of the verified run's own config, not the old run (the machine may have
 changed); each recommendation is the same config with its `set`, and, when there are several, all
@@ -30,10 +30,10 @@ from typing import Any
 
 from profiler import store
 from profiler.analysis import RunData, analyze, load_run, summary_of
-from profiler.cells import Cell, traced_once
-from profiler.compare_gate import DEFAULT_REPORTED, LOSS_PARITY, Gate, Threshold
-from profiler.compare_runs import compare
+from profiler.compare.gate import DEFAULT_REPORTED, LOSS_PARITY, Gate, Threshold
+from profiler.compare.runs import compare
 from profiler.config import RunConfig, load_config, override_texts
+from profiler.experiments.batch import Cell, traced_once
 from profiler.metrics import METRIC_BY_NAME, PHASE_NAMES
 
 MIN_GAIN = 0.02
@@ -53,7 +53,9 @@ class Trial:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Trials:
+    """What verifying a run's advice runs: the trials, the refused ones, and their interleaved cells."""
+
     verified: str
     """The id of the run the advice is for."""
     trials: tuple[Trial, ...]
@@ -75,8 +77,8 @@ def _combined(recommendations: Sequence[Mapping[str, Any]]) -> dict[str, Any] | 
     return merged
 
 
-def verify_plan(run: RunData, recommendations: Sequence[Mapping[str, Any]], *, repeats: int, steps: int,
-                name: str | None = None) -> Plan:
+def trials_for(run: RunData, recommendations: Sequence[Mapping[str, Any]], *, repeats: int, steps: int,
+               name: str | None = None) -> Trials:
     """The trials and their interleaved cells; a config the catalog rejects is refused up front."""
     base_over = [f"train.steps={steps}"]
     label = name or str(run.record.get("name") or run.id)
@@ -105,7 +107,7 @@ def verify_plan(run: RunData, recommendations: Sequence[Mapping[str, Any]], *, r
     cells = tuple(Cell(f"{t.label} (repeat {r + 1}/{repeats})", traced_once(t.cfg, r), nproc=nproc,
                        links={"verifies": {"run": run.id, "trial": t.label, "repeat": r}})
                   for r in range(repeats) for t in trials)
-    return Plan(run.id, tuple(trials), tuple(refused), cells, repeats, steps)
+    return Trials(run.id, tuple(trials), tuple(refused), cells, repeats, steps)
 
 
 def _worst_risk(recommendations: Sequence[Mapping[str, Any]]) -> str:
@@ -197,17 +199,17 @@ def judge(trial: Trial, base: Sequence[RunData], cand: Sequence[RunData], *, bud
     return {**out, "verdict": verdict, "reason": reason, "measured": measured}
 
 
-def judge_plan(plan: Plan, runs: Mapping[str, Sequence[RunData]], *, budget_gib: float | None = None
-               ) -> dict[str, Any]:
+def judge_trials(trials: Trials, runs: Mapping[str, Sequence[RunData]], *, budget_gib: float | None = None
+                 ) -> dict[str, Any]:
     """run.json `diagnosis.verification` of the verified run, from each trial's stored runs."""
     base = runs.get("baseline", [])
-    results = [judge(t, base, runs.get(t.label, []), budget_gib=budget_gib) for t in plan.trials[1:]]
-    return {"repeats": plan.repeats, "steps": plan.steps, "baseline_runs": [r.id for r in base],
-            "results": results, "refused": list(plan.refused),
-            "complete": all(len(runs.get(t.label, [])) == plan.repeats for t in plan.trials)}
+    results = [judge(t, base, runs.get(t.label, []), budget_gib=budget_gib) for t in trials.trials[1:]]
+    return {"repeats": trials.repeats, "steps": trials.steps, "baseline_runs": [r.id for r in base],
+            "results": results, "refused": list(trials.refused),
+            "complete": all(len(runs.get(t.label, [])) == trials.repeats for t in trials.trials)}
 
 
-def runs_of(plan: Plan, run_dirs: Sequence[tuple[Cell, Any]]) -> dict[str, list[RunData]]:
+def runs_of(trials: Trials, run_dirs: Sequence[tuple[Cell, Any]]) -> dict[str, list[RunData]]:
     """The stored runs of each trial, by label, from (cell, run directory) pairs."""
     out: dict[str, list[RunData]] = {}
     for cell, run_dir in run_dirs:
@@ -226,15 +228,15 @@ def run_verification(run: RunData, advice: Mapping[str, Any], *, top: int, repea
                      runs_dir: Any, progress: bool = True) -> dict[str, Any]:
     """Run the plan of `top` recommendations and store the verdicts in the verified run, also when Ctrl-C
     stops it (what was measured is judged; `complete` says whether all of it ran)."""
-    from profiler.cells import run_cells
+    from profiler.experiments.batch import run_cells
 
-    plan = verify_plan(run, advice["recommendations"][:top], repeats=repeats, steps=steps)
+    trials = trials_for(run, advice["recommendations"][:top], repeats=repeats, steps=steps)
     budget = float((run.config.get("profile") or {}).get("memory_budget_gb") or 0) or None
     done: list[tuple[Cell, Any]] = []
     try:
-        for pair in run_cells(plan.cells, runs_dir=runs_dir, progress=progress):
+        for pair in run_cells(trials.cells, runs_dir=runs_dir, progress=progress):
             done.append(pair)
     finally:
-        verification = judge_plan(plan, runs_of(plan, done), budget_gib=budget)
+        verification = judge_trials(trials, runs_of(trials, done), budget_gib=budget)
         store_verification(run.path, verification, advice)
     return verification

@@ -20,10 +20,10 @@ import yaml
 
 from profiler import store
 from profiler.analysis import RunData, load_run
-from profiler.compare_formats import FORMATS, RENDER, to_text
-from profiler.compare_gate import COMPARABLE, Gate, GateError, make_gate
-from profiler.compare_runs import compare
-from profiler.trace_diff import trace_diff, with_trace_diff
+from profiler.compare.formats import FORMATS, RENDER, to_text
+from profiler.compare.gate import COMPARABLE, Gate, GateError, make_gate
+from profiler.compare.runs import compare
+from profiler.compare.trace_diff import trace_diff, with_trace_diff
 
 EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT = 0, 1, 2
 

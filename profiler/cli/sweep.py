@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from optimizers.config import ConfigError
-from profiler import store, sweep
+from profiler import store
 from profiler.config import settings_text, value_text
-from profiler.console import fmt
+from profiler.experiments import records, sweep
 from profiler.metrics import METRIC_BY_NAME
+from profiler.text import fmt
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -107,7 +108,7 @@ def main(args: argparse.Namespace) -> int:
         spec = sweep.Spec(preset=args.preset, config=None if args.config is None else str(args.config),
                           grid=sweep.parse_grid(args.grid), overrides=list(args.overrides), repeats=args.repeats,
                           steps=args.steps)
-        accepted, refused = sweep.plan(spec)
+        accepted, refused = sweep.expand(spec)
         runs_dir = store.default_runs_dir(args.runs_dir)
         store.check_runs_dir(runs_dir)
     except (sweep.SweepError, ConfigError, store.StoreError) as exc:
@@ -117,18 +118,18 @@ def main(args: argparse.Namespace) -> int:
     same = sweep.same_sweeps(runs_dir, record)
     unfinished = next(((d, r) for d, r in same if sweep.todo(r)), None)
     if unfinished is not None:
-        plan_dir, record = unfinished
+        record_dir, record = unfinished
         total = len(record["cells"]) * spec.repeats
         print(f"resuming sweep {record['id']}: {total - len(sweep.todo(record))} of {total} runs done", file=sys.stderr)
     else:
-        plan_dir = store.create_plan(runs_dir, sweep.KIND, spec.preset or Path(spec.config or "sweep").stem, record)
-        record = store.read_plan(plan_dir, sweep.KIND)
+        record_dir = records.create(runs_dir, sweep.KIND, spec.preset or Path(spec.config or "sweep").stem, record)
+        record = records.read(record_dir, sweep.KIND)
         if same:
             print(f"sweep {same[0][1]['id']} of this spec is complete: starting a new one, {record['id']}",
                   file=sys.stderr)
-    record = sweep.run_sweep(plan_dir, record, [cfg for _, cfg in accepted], runs_dir=runs_dir,
+    record = sweep.run_sweep(record_dir, record, [cfg for _, cfg in accepted], runs_dir=runs_dir,
                              progress=not args.no_progress)
-    path = plan_dir / f"{sweep.KIND}.json"
+    path = record_dir / f"{sweep.KIND}.json"
     if args.json:
         print(json.dumps(record, indent=2, default=str))
     else:

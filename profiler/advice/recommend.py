@@ -30,13 +30,13 @@ import torch
 from optimizers import REGISTRY, Candidate, ConfigError, Optimization
 from optimizers.facts import Effect
 from optimizers.vocabulary import Bottleneck, Capability
+from profiler.advice.diagnose import LOW_PRECISION_SPEEDUP, diagnose, host_bound, v
+from profiler.advice.plan import plan
 from profiler.analysis import analyze
 from profiler.analysis.figures import Figures, known
 from profiler.analysis.loader import RunData
 from profiler.config import build_run_config, load_config, override_texts
-from profiler.diagnose import LOW_PRECISION_SPEEDUP, diagnose, host_bound, v
 from profiler.metrics import PHASE_NAMES, lookup
-from profiler.plan import plan
 
 SPEEDUP_FIGURES = {"bf16_matmul_speedup": "bf16_speedup", "fp16_matmul_speedup": "fp16_speedup"}
 MEMORY_KINDS = {Bottleneck.MEMORY_BOUND}

@@ -2,7 +2,7 @@
 
     glmperf plan --preset glm4-9b --nproc 8 --set switches.parallel.fsdp=8 --gpu h200 [--json]
 
-Computed on this machine without the devices it plans for (profiler.plan); exit code 0 when the
+Computed on this machine without the devices it plans for (profiler.advice.plan); exit code 0 when the
 plan fits (or no capacity was given), 1 when it does not, 2 for a config or layout that cannot run.
 """
 
@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from optimizers import ConfigError
+from profiler.advice.plan import GPUS_GB, Plan, plan
 from profiler.config import load_config
-from profiler.plan import GPUS_GB, Plan, plan
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

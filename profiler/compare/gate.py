@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from profiler.compare import DEFAULT_RUN_NOISE, Options
+from profiler.compare.stats import DEFAULT_RUN_NOISE, Options
 from profiler.metrics import METRIC_BY_NAME, METRICS
 
 LOSS_PARITY = "loss_parity"

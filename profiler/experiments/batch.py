@@ -7,7 +7,7 @@ little beyond its training steps (docs/BENCHMARKS.md). Cells with several ranks 
 torchrun as any run does and pay its start-up.
 
 A plan shows one progress bar over all its steps with the ETA. Ctrl-C stores the cell it stopped
-(`interrupted`) and raises `PlanInterrupted`; every cell before it is kept, and callers keep their
+(`interrupted`) and raises `BatchInterrupted`; every cell before it is kept, and callers keep their
 record of them.
 """
 
@@ -27,7 +27,7 @@ from profiler.config import RunConfig
 from reference_model.trainer import StepRecord, TrainerHook, TrainStart
 
 
-class PlanInterrupted(KeyboardInterrupt):
+class BatchInterrupted(KeyboardInterrupt):
     """Ctrl-C (or SIGTERM) stopped a plan; the cells done so far are stored."""
 
 
@@ -67,7 +67,7 @@ def traced_once(cfg: RunConfig, repeat: int) -> RunConfig:
     return cfg if repeat == 0 else replace(cfg, profile=replace(cfg.profile, trace=False))
 
 
-class PlanProgress(TrainerHook):
+class BatchProgress(TrainerHook):
     """Cell i/n, its label, and the plan's steps with the ETA: a live bar on a terminal, a plain line
     per cell (and every `every` steps) in logs. The ETA counts each cell's start and finish too."""
 
@@ -128,9 +128,9 @@ class PlanProgress(TrainerHook):
 def run_cells(cells: Sequence[Cell], *, runs_dir: Path, progress: bool = True) -> Iterator[tuple[Cell, Path]]:
     """Run the cells in order, yielding each with its stored run directory as it ends (also when the
     run failed: its record says why)."""
-    from profiler.run import profile_run  # torch and the trainer: only when cells run
+    from profiler.capture.run import profile_run  # torch and the trainer: only when cells run
 
-    bar = PlanProgress(cells) if progress and cells else None
+    bar = BatchProgress(cells) if progress and cells else None
     try:
         for i, cell in enumerate(cells):
             if bar is not None:
@@ -144,7 +144,7 @@ def run_cells(cells: Sequence[Cell], *, runs_dir: Path, progress: bool = True) -
                 bar.end_cell(cell, run_dir, status)
             yield cell, run_dir
             if status == "interrupted":
-                raise PlanInterrupted(f"stopped during cell {i + 1} of {len(cells)} ({cell.label})")
+                raise BatchInterrupted(f"stopped during cell {i + 1} of {len(cells)} ({cell.label})")
     finally:
         if bar is not None:
             bar.close()

@@ -2,7 +2,7 @@
 
 Each round diagnoses the newest run of the current config, takes the best recommendation not tried
 yet (when the run has no bottleneck: the best change that makes compute faster, as `explore`
-ranks them), and verifies it against a fresh run of the current config (profiler.verify:
+ranks them), and verifies it against a fresh run of the current config (profiler.experiments.verify:
 interleaved repeats, compare's statistics). It is adopted when confirmed and its runs' peak memory fits the
 budget; otherwise the round records why it was refused and the next recommendation is tried. Tuning
 stops when nothing untried is recommended, the next round would overrun the time budget, or after
@@ -23,12 +23,12 @@ from typing import Any
 
 import yaml
 
-from profiler import store
+from profiler.advice.recommend import advise
 from profiler.analysis import RunData, load_run, summary_of
-from profiler.cells import Cell, run_cells
 from profiler.config import RunConfig, settings_text
-from profiler.recommend import advise
-from profiler.verify import judge_plan, runs_of, verify_plan
+from profiler.experiments import records
+from profiler.experiments.batch import Cell, run_cells
+from profiler.experiments.verify import judge_trials, runs_of, trials_for
 
 CONFIRMED = "confirmed"
 
@@ -79,15 +79,15 @@ class Tuner:
         self.spec, self.runs_dir, self.progress, self.on_round = spec, runs_dir, progress, on_round
         self.started = time.perf_counter()
         self.cell_s: list[float] = []
-        self.dir = store.create_plan(runs_dir, "tune", spec.start.name, {"status": "running", "spec": {
+        self.dir = records.create(runs_dir, "tune", spec.start.name, {"status": "running", "spec": {
             **(spec.source or {}), "repeats": spec.repeats, "memory_budget_gib": spec.budget_gib,
             "time_budget_s": spec.time_budget_s, "allow_model_changes": spec.allow_model_changes,
             "steps": spec.start.train.steps}, "rounds": [], "adopted": []})
-        self.record = store.read_plan(self.dir, "tune")
+        self.record = records.read(self.dir, "tune")
 
     def _save(self, **fields: Any) -> None:
         self.record.update(fields, elapsed_s=round(time.perf_counter() - self.started, 1))
-        store.write_plan(self.dir, "tune", self.record)
+        records.write(self.dir, "tune", self.record)
 
     def _cells(self, cells: Sequence[Cell]) -> list[tuple[Cell, Path]]:
         done = []
@@ -131,22 +131,22 @@ class Tuner:
                 break
             rec = todo[0]
             tried.add(_key(rec["set"]))
-            plan = verify_plan(newest, [rec], repeats=spec.repeats, steps=current.train.steps,
+            trials = trials_for(newest, [rec], repeats=spec.repeats, steps=current.train.steps,
                                name=f"{spec.start.name}.r{round_no}")
             cells = [Cell(c.label, c.cfg, nproc=c.nproc, links={**c.links, "tune": {"id": self.dir.name,
-                          "round": round_no}}) for c in plan.cells]
-            runs = runs_of(plan, self._cells(cells))
-            result = judge_plan(plan, runs, budget_gib=spec.budget_gib)["results"][0]
-            take, why = _decide(result, runs.get(plan.trials[-1].label, []), spec.budget_gib)
+                          "round": round_no}}) for c in trials.cells]
+            runs = runs_of(trials, self._cells(cells))
+            result = judge_trials(trials, runs, budget_gib=spec.budget_gib)["results"][0]
+            take, why = _decide(result, runs.get(trials.trials[-1].label, []), spec.budget_gib)
             entry = {"round": round_no, "diagnosed_run": newest.id, "diagnosis": diagnosis,
                      "bottlenecks": [b["kind"] for b in advice["bottlenecks"]], "tried": rec["set"],
                      "for": rec["for"], "expected": rec["expected"], "result": result,
                      "decision": "adopted" if take else "refused", "why": why}
             # the next diagnosis reads the first repeat: the one traced, with the operators its rules need
             if take:  # the candidate's config, under the name the tuning started with
-                current = replace(plan.trials[-1].cfg, name=spec.start.name)
+                current = replace(trials.trials[-1].cfg, name=spec.start.name)
                 adopted.append(dict(rec["set"]))
-                newest = runs[plan.trials[-1].label][0]
+                newest = runs[trials.trials[-1].label][0]
             else:
                 newest = runs["baseline"][0]
             self.record["rounds"].append(entry)
@@ -171,7 +171,7 @@ def tuned_yaml(record: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n" + yaml.safe_dump(record["tuned"]["config"], sort_keys=False)
 
 
-def write_tuned(record: Mapping[str, Any], plan_dir: Path, output: Path | None) -> Path:
-    path = output or plan_dir / "tuned.yaml"
+def write_tuned(record: Mapping[str, Any], record_dir: Path, output: Path | None) -> Path:
+    path = output or record_dir / "tuned.yaml"
     path.write_text(tuned_yaml(record), encoding="utf-8")
     return path

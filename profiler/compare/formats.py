@@ -13,10 +13,10 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from typing import Any
 
-from profiler.compare_gate import LOSS_PARITY
-from profiler.compare_runs import Comparison, MetricComparison
-from profiler.console import fmt
+from profiler.compare.gate import LOSS_PARITY
+from profiler.compare.runs import Comparison, MetricComparison
 from profiler.metrics import METRIC_BY_NAME
+from profiler.text import fmt
 
 FORMATS = ("text", "markdown", "json", "junit")
 SHOWN_CHANGES = 3

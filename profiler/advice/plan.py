@@ -37,8 +37,8 @@ from optimizers import ConfigError
 from optimizers.parallel import LAYOUT_CHECKS, Layout, ParallelConfig, layout
 from optimizers.pipeline import stage_loss
 from optimizers.tensor_parallel import ALL_REDUCES_PER_BLOCK, NORMS, sharded_dim
+from profiler.advice.saved_tensors import SavedTracker, forward_saved
 from profiler.config import RunConfig, build_run_config
-from profiler.saved import SavedTracker, forward_saved
 from reference_model.config import model_config
 from reference_model.model import GLMForCausalLM
 from reference_model.trainer import setup_context

@@ -1,0 +1,75 @@
+"""A directory of torch.profiler traces (one chrome JSON per rank) made into a glmperf run: `glmperf import`.
+
+The traces are read and analyzed by profiler.traces.summary, one at a time. A file that cannot be
+read is left out and named in the run (`import.failed`); the others are imported. The run's `source`
+is `import`; its steps, ops and kernels tables and its summary (with `summary.trace`) are what the
+diagnosis, compare, the reports and the dashboard read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from profiler import store
+from profiler.traces.summary import ImportFailed, analyze_traces, trace_files
+
+
+@dataclass
+class Imported:
+    run_dir: Path
+    ranks: dict[int, Path]
+    failed: list[dict[str, str]] = field(default_factory=list)
+    """`file` and `error` of each trace left out."""
+
+
+def _environment(meta: dict[str, Any], gpu: bool, world_size: int) -> dict[str, Any]:
+    devices = meta.get("deviceProperties") or []
+    info = meta.get("distributedInfo") or {}
+    return {"device": "cuda" if gpu else "cpu",
+            "device_name": devices[0].get("name") if devices and isinstance(devices[0], dict) else None,
+            "world_size": world_size, "job_world_size": info.get("world_size"), "backend": info.get("backend"),
+            "nvml": {"available": False, "why": "imported from traces: no samples"}}
+
+
+def import_traces(trace_dir: str | Path, *, name: str | None = None, runs_dir: Path | None = None) -> Imported:
+    """Import every trace in `trace_dir` as one run; raises ImportFailed when none can be read."""
+    trace_dir = Path(trace_dir)
+    files = trace_files(trace_dir)
+    if not files:
+        raise ImportFailed(f"no chrome traces (*.json, *.json.gz) in {trace_dir}")
+    analyzed = analyze_traces(files)
+    if not analyzed.paths:
+        raise ImportFailed("no trace could be imported: " + "; ".join(f["error"] for f in analyzed.failed))
+    gpu = any("temporal" in f for f in analyzed.per_rank.values())
+    world = len(analyzed.paths)
+    job_world = (analyzed.meta.get("distributedInfo") or {}).get("world_size")
+    record = {"source": "import", "config": {}, "world_size": world,
+              "environment": _environment(analyzed.meta, gpu, world),
+              "import": {"trace_dir": str(trace_dir.resolve()),
+                         "files": {str(r): str(p) for r, p in sorted(analyzed.paths.items())},
+                         "failed": analyzed.failed, "job_world_size": job_world},
+              "pid": None}
+    run_dir = store.create_run(store.default_runs_dir(runs_dir), name or trace_dir.resolve().name, record)
+    for table in analyzed.tables:
+        store.write_table(run_dir, table, analyzed.table(table))
+    store.compact(run_dir)
+    _finish(run_dir, analyzed.summary())
+    return Imported(run_dir=run_dir, ranks=analyzed.paths, failed=analyzed.failed)
+
+
+def _finish(run_dir: Path, trace_summary: dict[str, Any]) -> None:
+    """Summary and diagnosis, as `finalize` stores them for a measured run."""
+    from profiler.advice.recommend import advise
+    from profiler.analysis import load_run, summarize
+
+    ended = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    store.update_run(run_dir, status="completed", error=None, ended=ended, ranks=[])
+    store.update_run(run_dir, summary={**summarize(load_run(run_dir)), "trace": trace_summary})
+    try:  # advice is a reading of what was measured: it must never cost the import its run
+        diagnosis = advise(load_run(run_dir))
+    except Exception as exc:
+        diagnosis = {"error": f"{type(exc).__name__}: {exc}"}
+    store.update_run(run_dir, diagnosis=diagnosis)

@@ -1,0 +1,159 @@
+"""One rank of a run: its instruments, its status record, and its training.
+
+Each rank writes only its own files (parts/, status-r<rank>.json), so a rank that dies leaves every
+step it flushed readable and the others' files untouched. SIGTERM unwinds a rank like Ctrl-C and
+leaves it `interrupted`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import traceback
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from profiler import store
+from profiler.capture.progress import Progress
+from profiler.config import ProfileConfig, RunConfig
+from profiler.instruments import Instrument, Sampler, StepTimer, TraceWindow, choose_backend
+from profiler.instruments.comm import CommStats
+from profiler.instruments.compile_watch import CompileWatch
+from reference_model.trainer import Trainer, TrainerHook, setup_context
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so the run unwinds like Ctrl-C and is marked `interrupted`."""
+
+
+def raise_interrupted(signum: int, frame: Any) -> None:
+    """The SIGTERM handler of a run: the run unwinds as from Ctrl-C."""
+    raise Interrupted(f"signal {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    previous = signal.signal(signal.SIGTERM, raise_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Events(TrainerHook):
+    """Trainer events (NaN, spikes, checkpoints, batch-size changes) straight to events.jsonl."""
+
+    def __init__(self, writer: store.RunWriter) -> None:
+        self.writer = writer
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        self.writer.add_event(event)
+
+
+def instruments(profile: ProfileConfig, writer: store.RunWriter, *, device: torch.device, rank: int,
+                comm: CommStats | None, compiled: bool = False) -> tuple[list[TrainerHook], dict]:
+    """The default instruments of a run, and how the device is being sampled (for run.json).
+
+    The same for the reference trainer and a user's own loop (profiler.api): step timer first,
+    events, the sampler, the compile watch for a compiled model, the torch.profiler window last.
+    """
+    timer = StepTimer(writer, device=device, rank=rank, comm=comm)
+    hooks: list[TrainerHook] = [timer, _Events(writer)]
+    backend, why = choose_backend(device)
+    sampling = {"source": backend.source, "why": why, "hz": profile.sample_hz}
+    if profile.sample_hz > 0:
+        hooks.append(Sampler(writer, backend, hz=profile.sample_hz, rank=rank, reason=why,
+                             current_step=lambda: timer.current_step))
+    else:
+        backend.close()
+    if compiled:
+        hooks.append(CompileWatch(writer))
+    if profile.trace:
+        wait, warmup, active = profile.trace_window
+        trace = TraceWindow(writer, device=device, rank=rank, wait=wait, warmup=warmup, active=active,
+                            memory_snapshot=profile.memory_snapshot)
+        timer.profiled = trace.is_active
+        hooks.append(trace)
+    return hooks, sampling
+
+
+def rank_outcome(error: BaseException | None) -> tuple[str, dict[str, Any]]:
+    """A rank's status from how its training ended, and the fields that say why."""
+    if error is None:
+        return "completed", {}
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted", {"error": str(error) or "KeyboardInterrupt"}
+    return "failed", {"error": f"{type(error).__name__}: {error}",
+                      "traceback": "".join(traceback.format_exception(error))}
+
+
+class RankRecord:
+    """One rank's part of a run: its writer, its hooks, and its status record (parts/status-r<rank>.json).
+
+    The status says `running` (with this process's pid and host) from the start, so a reader of a
+    live or killed run knows the ranks; `close` rewrites it with the outcome, after closing the
+    instruments (their summaries go into the record) and flushing every buffered row.
+    """
+
+    def __init__(self, run_dir: Path, *, rank: int, flush_interval_s: float) -> None:
+        self.run_dir, self.rank = run_dir, rank
+        self.writer = store.RunWriter(run_dir, rank=rank, flush_interval_s=flush_interval_s)
+        self.fields: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
+        self.hooks: list[TrainerHook] = []
+        store.write_rank_status(run_dir, rank, "running", **self.fields)
+
+    def update(self, **fields: Any) -> None:
+        self.fields.update(fields)
+        store.write_rank_status(self.run_dir, self.rank, "running", **self.fields)
+
+    def close(self, error: BaseException | None) -> str:
+        """Close the instruments and the writer, write the outcome; returns the rank's status."""
+        status, why = rank_outcome(error)
+        self.fields.update(why)
+        for hook in self.hooks:
+            if isinstance(hook, Instrument):
+                with contextlib.suppress(Exception):
+                    hook.close()
+                    self.fields.setdefault("instruments", {})[type(hook).__name__] = hook.summary()
+        self.writer.close()
+        store.write_rank_status(self.run_dir, self.rank, status, **self.fields)
+        return status
+
+
+def run_rank(run_dir: Path, cfg: RunConfig, *, device: torch.device, rank: int = 0, world_size: int = 1,
+             progress: bool = True, extra_hooks: Sequence[TrainerHook] = ()) -> None:
+    """Train this rank with its instruments; its outcome goes to its status record (RankRecord)."""
+    record = RankRecord(run_dir, rank=rank, flush_interval_s=cfg.profile.flush_interval_s)
+    error: BaseException | None = None
+    try:
+        with _sigterm_as_interrupt():
+            comm = CommStats(device) if world_size > 1 and cfg.profile.instruments else None
+            ctx = setup_context(cfg.train, cfg.data, device=device, rank=rank, world_size=world_size,
+                                memory_budget_bytes=cfg.memory_budget_bytes,
+                                wrap_comm_hook=comm.wrap if comm is not None else None)
+            if cfg.profile.instruments:
+                record.hooks, record.fields["sampling"] = instruments(
+                    cfg.profile, record.writer, device=device, rank=rank, comm=comm,
+                    compiled=cfg.switches.compile.mode != "off")
+            if progress and rank == 0:
+                record.hooks.append(Progress(total_steps=cfg.train.steps, every=cfg.train.log_every))
+            record.hooks.extend(extra_hooks)
+            trainer = Trainer(model_cfg=cfg.model, data_cfg=cfg.data, train_cfg=cfg.train,
+                              switches=cfg.switches, hooks=record.hooks, run_dir=run_dir, ctx=ctx)
+            record.update(flops_per_token=trainer.flops_per_token,
+                          attention_flops_per_token=trainer.attention_flops_per_token, applied=trainer.setup.applied,
+                          notes=trainer.setup.notes, num_params=trainer.model.num_params(),
+                          start_step=trainer.start_step, torch_threads=torch.get_num_threads(),
+                          loader_workers=int(trainer.setup.loader_options.get("num_workers", 0)))
+            trainer.fit()
+            record.update(held_bytes=trainer.held_bytes())  # this rank's params, grads, optimizer state
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        record.close(error)

@@ -1,0 +1,78 @@
+"""Orchestrates one profiled run: run directory, ranks, instruments, status, summary.
+
+`profile_run` is the whole life of a run. With one process everything happens here; with
+`nproc > 1` this process creates the run, launches the ranks with torchrun (each rank runs
+`python -m profiler.run --run-dir DIR` and writes only its own files), waits, and finalizes. A rank
+that fails fails the run with that rank named; SIGINT/SIGTERM leave the run `interrupted`; a crash
+leaves it `failed` with the error, also when it is the launcher's own. Either way every step
+flushed before it stays readable.
+
+The device is resolved once per process (`resolve_device` of train.device) and handed down: to
+the environment record, the peak the MFU divides by, the setup context and the instruments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from profiler import store
+from profiler.capture.finish import finalize, measured_peaks
+from profiler.capture.launch import launch_ranks
+from profiler.capture.ranks import run_rank
+from profiler.config import RunConfig
+from profiler.instruments.machine import environment
+from reference_model.trainer import TrainerHook, resolve_device
+
+
+def create_run_dir(cfg: RunConfig, *, runs_dir: Path | None, nproc: int, launcher: bool = True,
+                   links: dict[str, Any] | None = None, device: torch.device | None = None) -> Path:
+    """The run directory with run.json (`running`, the resolved config, this machine's environment).
+
+    With `launcher`, the peak MFU divides by is measured now, before any rank starts, so even a
+    run killed midway has its MFU. `launcher=False` when ranks are started elsewhere (`glmperf
+    init-run`): no process of ours watches the run, so liveness is judged by the ranks' heartbeats
+    alone, and the peak is measured at finalize. `links` are run.json fields that tie the run to
+    what it was made for (`verifies`, `sweep`, `tune`). `device`: the run's, when the caller has
+    resolved it already.
+    """
+    device = device if device is not None else resolve_device(cfg.train.device)
+    record: dict[str, Any] = {"config": cfg.to_dict(), "world_size": nproc,
+                              "environment": environment(device, world_size=nproc), **(links or {})}
+    if launcher:
+        record.update(measured_peaks(device, cfg.switches.amp.dtype))
+    else:
+        record["pid"] = None
+    return store.create_run(store.default_runs_dir(runs_dir), cfg.name, record)
+
+
+def profile_run(cfg: RunConfig, *, runs_dir: Path | None = None, nproc: int = 1, progress: bool = True,
+                hooks: Sequence[TrainerHook] = (), links: dict[str, Any] | None = None) -> Path:
+    """Run and measure `cfg`; returns the run directory (its run.json says how it ended).
+
+    `hooks` are extra trainer hooks for a single-process run (your own callbacks). A failure of a
+    rank is that rank's record; a failure of this process (the launcher) is the run's `error`.
+    `links` go into run.json as they are (create_run_dir).
+    """
+    if hooks and nproc > 1:
+        raise ValueError("extra hooks run in-process; with nproc > 1 the ranks are separate processes")
+    device = resolve_device(cfg.train.device)
+    run_dir = create_run_dir(cfg, runs_dir=runs_dir, nproc=nproc, links=links, device=device)
+    launcher_error = None
+    try:
+        if nproc == 1:
+            run_rank(run_dir, cfg, device=device, progress=progress, extra_hooks=hooks)
+        else:
+            launcher_error = launch_ranks(run_dir, nproc, progress=progress)
+    except KeyboardInterrupt:
+        pass  # the ranks recorded `interrupted`; the run says so
+    except Exception as exc:
+        if nproc > 1:  # rank 0 in this process recorded its own failure; this one is the launcher's
+            launcher_error = f"{type(exc).__name__}: {exc}"
+    finally:
+        finalize(run_dir, launcher_error=launcher_error)
+    return run_dir
+

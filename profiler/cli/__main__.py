@@ -1,0 +1,7 @@
+"""`python -m profiler.cli`: profile-run, for a process started without the installed scripts."""
+
+import sys
+
+from profiler.cli.main import profile_run_main
+
+sys.exit(profile_run_main())

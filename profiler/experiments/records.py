@@ -1,0 +1,66 @@
+"""The records of experiments beside the runs they made: `<runs_dir>/sweeps/<id>/sweep.json`,
+`<runs_dir>/tunes/<id>/tune.json`, rewritten as the experiment goes, so an interrupted one keeps
+what is done. Their runs are ordinary runs in `<runs_dir>`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from profiler import store
+
+KINDS = {"sweep": "sweeps", "tune": "tunes"}
+"""Records of experiments (a sweep's grid, a tune's steps) live beside the runs:
+`<runs_dir>/<sweeps|tunes>/<id>/<kind>.json`; their runs are ordinary runs in `<runs_dir>`."""
+
+
+def create(runs_dir: Path, kind: str, name: str, record: dict[str, Any]) -> Path:
+    """A new record directory with its record (`id`, `created` added); returns the directory."""
+    record_dir = store.new_dir(runs_dir / KINDS[kind], name)
+    write(record_dir, kind, {"schema_version": store.SCHEMA_VERSION, "id": record_dir.name, "created": store.utc_now(),
+                                **record})
+    return record_dir
+
+
+def write(record_dir: Path, kind: str, record: dict[str, Any]) -> None:
+    store.write_json_atomic(record_dir / f"{kind}.json", record)
+
+
+def read(record_dir: Path, kind: str) -> dict[str, Any]:
+    path = record_dir / f"{kind}.json"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise store.StoreError(f"{record_dir} is not a {kind} directory (no {kind}.json)") from None
+    except OSError as exc:
+        raise store.StoreError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise store.StoreError(f"{path} is not valid JSON (truncated or damaged: {exc})") from None
+    if not isinstance(record, dict):
+        raise store.StoreError(f"{path} holds no {kind} record")
+    return record
+
+
+def list_all(runs_dir: Path, kind: str) -> list[tuple[Path, dict[str, Any]]]:
+    """Every readable record of `kind`, newest first (unreadable ones are skipped)."""
+    out = []
+    for path in (runs_dir / KINDS[kind]).glob(f"*/{kind}.json"):
+        try:
+            out.append((path.parent, read(path.parent, kind)))
+        except store.StoreError:
+            continue
+    return sorted(out, key=lambda p: p[1].get("created") or "", reverse=True)
+
+
+def resolve(ref: str | Path, runs_dir: Path, kind: str) -> Path:
+    """A record directory from what a user typed: its directory, its record file, or its id."""
+    path = Path(ref)
+    if path.is_file() and path.name == f"{kind}.json":
+        return path.parent
+    for candidate in (path, runs_dir / KINDS[kind] / str(ref)):
+        if (candidate / f"{kind}.json").exists():
+            return candidate
+    raise store.StoreError(f"no {kind} {str(ref)!r}: not a {kind} directory, nor a {kind} id in "
+                     f"{runs_dir / KINDS[kind]}")
