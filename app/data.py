@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from optimizers.config import ConfigError
-from profiler import config, store, text
+from profiler import settings, store, text
 from profiler.analysis import RunData, load_run, summary_of
 from profiler.experiments import records as experiment_records
 from profiler.experiments import tune
@@ -255,7 +255,7 @@ def _tune_rows(record: dict[str, Any]) -> list[list[str]]:
     rows = []
     for e in record.get("rounds") or []:
         result = e.get("result") or {}
-        rows.append([str(e["round"]), e.get("diagnosis", ""), config.settings_text(e.get("tried") or {}),
+        rows.append([str(e["round"]), e.get("diagnosis", ""), settings.settings_text(e.get("tried") or {}),
                      text.expected_text(e) if e.get("expected") else "", result.get("verdict", ""),
                      text.measured_text(result["measured"]) if result.get("measured") else "",
                      f"{e.get('decision', '')}: {e.get('why', '')}"])

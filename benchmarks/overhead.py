@@ -31,8 +31,9 @@ import psutil
 from benchmarks.common import fmt, header, median, paired_ratio, table, write_result
 from profiler import store
 from profiler.capture.run import profile_run
-from profiler.config import ProfileConfig, load_config
+from profiler.config import load_config
 from profiler.instruments import CpuBackend, Sampler, StepTimer
+from profiler.settings import ProfileConfig
 from reference_model.trainer import Trainer, TrainerHook, TrainStart
 
 ROOT = Path(__file__).resolve().parents[1]

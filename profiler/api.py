@@ -60,9 +60,9 @@ from optimizers.config import build_section, section_to_dict
 from profiler import plugins, store
 from profiler.capture.finish import finalize, measured_peaks
 from profiler.capture.ranks import RankRecord, instruments, raise_interrupted
-from profiler.config import ProfileConfig
 from profiler.instruments.comm import CommStats
 from profiler.instruments.machine import MATMUL_DTYPES, environment
+from profiler.settings import ProfileConfig
 from reference_model.trainer import StepRecord, TrainStart, dist_env
 
 SOURCE = "api"

@@ -14,7 +14,7 @@ from plotly.subplots import make_subplots
 
 from profiler.analysis import RunData
 from profiler.analysis.stability import OUTLIER_FACTOR, OUTLIER_WINDOW
-from profiler.config import settings_text
+from profiler.settings import settings_text
 from reports.figures_run import merged_steps
 from reports.plotting import VERDICT_COLORS, figure, safe, with_caption
 

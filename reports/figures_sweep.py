@@ -9,8 +9,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from profiler.config import settings_text
 from profiler.metrics import METRIC_BY_NAME
+from profiler.settings import settings_text
 from reports.plotting import axis, figure, safe
 
 ABLATION_METRICS = {"tokens_per_s": "tokens_per_s", "peak_memory_gib": "peak_memory"}

@@ -16,8 +16,9 @@ import plotly.graph_objects as go
 from optimizers.config import ConfigError
 from profiler import text
 from profiler.analysis import RunData, summary_of
-from profiler.config import load_config, settings_text
+from profiler.config import load_config
 from profiler.metrics import flatten, lookup
+from profiler.settings import settings_text
 from reports import figures_advice, figures_machine, figures_run, html
 
 BANNERS = {

@@ -13,8 +13,8 @@ from typing import Any
 import plotly.graph_objects as go
 
 from profiler import store
-from profiler.config import settings_text
 from profiler.experiments import records
+from profiler.settings import settings_text
 from reports import figures_sweep, html
 
 BANNERS = {"running": "This sweep is still running: cells marked pending have no runs yet.",

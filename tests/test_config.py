@@ -12,7 +12,8 @@ import pytest
 
 from optimizers import REGISTRY, Candidate, Capability
 from optimizers.config import ConfigError
-from profiler.config import RunConfig, load_config, shipped_presets
+from profiler.config import RunConfig, load_config
+from profiler.settings import shipped_presets
 
 
 def test_shipped_presets_load() -> None:

@@ -12,7 +12,8 @@ import pytest
 
 from benchmarks.diagnosis_scenarios import Scenario, run
 from profiler.advice.plan import plan
-from profiler.config import build_run_config, load_config, override_texts
+from profiler.config import build_run_config, load_config
+from profiler.settings import override_texts
 
 BUDGET = "profile.memory_budget_gb=0.25"
 """Below any process's peak: the run is memory bound on every machine."""

@@ -7,8 +7,8 @@ import streamlit as st
 
 from app import data, widgets
 from profiler import text
-from profiler.config import settings_text
 from profiler.metrics import METRIC_BY_NAME
+from profiler.settings import settings_text
 from reports import report_run
 from reports.figures_advice import verified
 

@@ -35,8 +35,9 @@ from profiler.advice.plan import plan
 from profiler.analysis import analyze
 from profiler.analysis.figures import Figures, known
 from profiler.analysis.loader import RunData
-from profiler.config import build_run_config, load_config, override_texts
+from profiler.config import build_run_config, load_config
 from profiler.metrics import PHASE_NAMES, lookup
+from profiler.settings import override_texts
 
 SPEEDUP_FIGURES = {"bf16_matmul_speedup": "bf16_speedup", "fp16_matmul_speedup": "fp16_speedup"}
 MEMORY_KINDS = {Bottleneck.MEMORY_BOUND}

@@ -20,10 +20,11 @@ import torch
 
 from profiler import store
 from profiler.capture.progress import Progress
-from profiler.config import ProfileConfig, RunConfig
+from profiler.config import RunConfig
 from profiler.instruments import Instrument, Sampler, StepTimer, TraceWindow, choose_backend
 from profiler.instruments.comm import CommStats
 from profiler.instruments.compile_watch import CompileWatch
+from profiler.settings import ProfileConfig
 from reference_model.trainer import Trainer, TrainerHook, setup_context
 
 

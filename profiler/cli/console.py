@@ -13,8 +13,8 @@ from typing import Any, TextIO
 
 from profiler import store
 from profiler.analysis.comm import collectives_by_rank
-from profiler.config import settings_text
 from profiler.metrics import METRIC_BY_NAME
+from profiler.settings import settings_text
 from profiler.text import expected_text, fmt, measured_text, moved_shares, summary_rows
 
 

@@ -27,7 +27,8 @@ from profiler.cli import import_traces as import_cli
 from profiler.cli import plan as plan_cli
 from profiler.cli import sweep as sweep_cli
 from profiler.cli import tune as tune_cli
-from profiler.config import load_config, shipped_presets
+from profiler.config import load_config
+from profiler.settings import shipped_presets
 
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT = 0, 1, 2
 

@@ -20,9 +20,9 @@ from typing import Any, TextIO
 
 from optimizers.config import ConfigError
 from profiler import store
-from profiler.config import settings_text, value_text
 from profiler.experiments import records, sweep
 from profiler.metrics import METRIC_BY_NAME
+from profiler.settings import settings_text, value_text
 from profiler.text import fmt
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from profiler import store
-from profiler.config import load_config, settings_text, shipped_presets
+from profiler.config import load_config
+from profiler.settings import settings_text, shipped_presets
 
 EXIT_OK, EXIT_OVER_BUDGET, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 

@@ -38,10 +38,11 @@ from scipy import stats
 
 from optimizers.config import ConfigError
 from profiler.analysis import load_run, summary_of
-from profiler.config import RunConfig, load_config, merge_into, parse_override, settings_text, value_text
+from profiler.config import RunConfig, load_config, merge_into
 from profiler.experiments import records
 from profiler.experiments.batch import Cell, run_cells, traced_once
 from profiler.metrics import METRIC_BY_NAME
+from profiler.settings import parse_override, settings_text, value_text
 
 KIND = "sweep"
 METRICS = {"tokens_per_s": "tokens_per_s", "peak_memory_gib": "peak_memory"}

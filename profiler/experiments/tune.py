@@ -25,10 +25,11 @@ import yaml
 
 from profiler.advice.recommend import advise
 from profiler.analysis import RunData, load_run, summary_of
-from profiler.config import RunConfig, settings_text
+from profiler.config import RunConfig
 from profiler.experiments import records
 from profiler.experiments.batch import Cell, run_cells
 from profiler.experiments.verify import judge_trials, runs_of, trials_for
+from profiler.settings import settings_text
 
 CONFIRMED = "confirmed"
 

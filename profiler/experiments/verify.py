@@ -32,9 +32,10 @@ from profiler import store
 from profiler.analysis import RunData, analyze, load_run, summary_of
 from profiler.compare.gate import DEFAULT_REPORTED, LOSS_PARITY, Gate, Threshold
 from profiler.compare.runs import compare
-from profiler.config import RunConfig, load_config, override_texts
+from profiler.config import RunConfig, load_config
 from profiler.experiments.batch import Cell, traced_once
 from profiler.metrics import METRIC_BY_NAME, PHASE_NAMES
+from profiler.settings import override_texts
 
 MIN_GAIN = 0.02
 """A change must be at least 2% better, with confidence, to be confirmed; below that it is no gain."""
