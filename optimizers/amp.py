@@ -13,17 +13,14 @@ only in spirit. bf16 has fp32's exponent range, so it needs no scaler: we add on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
-from optimizers.base import Optimization, SetupContext, TrainSetup
+from optimizers.base import Optimization, SetupContext, Switches, TrainSetup
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
 from optimizers.vocabulary import Bottleneck, Capability
-
-if TYPE_CHECKING:
-    from optimizers.catalog import SwitchesConfig
 
 
 @dataclass
@@ -63,7 +60,7 @@ def apply_amp(setup: TrainSetup, cfg: AmpConfig, ctx: SetupContext) -> None:
         setup.note("amp", f"bf16 autocast on {ctx.device.type} (no loss scaling: bf16 has fp32's range)")
 
 
-def _check_device(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+def _check_device(switches: Switches, ctx: SetupContext) -> str | None:
     dtype = switches.amp.dtype
     if dtype == "off":
         return None

@@ -10,19 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from optimizers.base import Optimization, SetupContext, TrainSetup, blocks
+from optimizers.base import Optimization, SetupContext, Switches, TrainSetup, blocks
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
 from optimizers.vocabulary import Bottleneck
-
-if TYPE_CHECKING:
-    from optimizers.catalog import SwitchesConfig
 
 
 @dataclass
@@ -138,7 +135,7 @@ def apply_attention(setup: TrainSetup, cfg: AttentionConfig, ctx: SetupContext) 
     setup.note("attention", f"{cfg.impl} attention ({fn.__name__}) in {len(layers)} blocks")
 
 
-def _check_objective(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+def _check_objective(switches: Switches, ctx: SetupContext) -> str | None:
     if switches.attention.impl == "linear" and ctx.objective == "blank_infilling":
         return ("linear attention is causal only, but blank_infilling needs a bidirectional Part A "
                 "(a prefix mask); use attention=sdpa or eager, or data.objective=causal")

@@ -14,7 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -22,9 +22,6 @@ from torch import nn
 from optimizers.config import ConfigError, Section
 from optimizers.facts import Candidate
 from optimizers.vocabulary import Bottleneck, Capability
-
-if TYPE_CHECKING:
-    from optimizers.catalog import SwitchesConfig
 
 log = logging.getLogger("glmperf.optimizers")
 
@@ -183,7 +180,20 @@ def blocks(model: nn.Module) -> nn.ModuleList:
     return found
 
 
-Check = Callable[["SwitchesConfig", SetupContext], "str | None"]
+class Switches(Section):
+    """The `switches.*` config as a check reads it: one section per switch, by the switch's name.
+
+    `optimizers.catalog.SwitchesConfig` derives from it, one field per registered switch; a switch's
+    module sits below the catalog, so its checks name this base rather than import the catalog back.
+    """
+
+    KEY: ClassVar[str] = "switches"
+
+    if TYPE_CHECKING:  # the fields are derived from the registry at import time, out of a checker's sight
+        def __getattr__(self, name: str) -> Any: ...
+
+
+Check = Callable[[Switches, SetupContext], "str | None"]
 """Returns the reason a configuration cannot run in this context, or None."""
 
 
@@ -274,7 +284,7 @@ def _check_vocabulary(switch: str, what: str, names: tuple[str, ...],
                              f"known: {', '.join(sorted(known))}")
 
 
-def check_context(registry: Registry, switches: SwitchesConfig, ctx: SetupContext) -> None:
+def check_context(registry: Registry, switches: Switches, ctx: SetupContext) -> None:
     """Raise `ConfigError` for the first switch that cannot run here or conflicts with another."""
     for opt in registry:
         for check in opt.checks:

@@ -21,15 +21,12 @@ from __future__ import annotations
 import importlib.util
 import shutil
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
-from optimizers.base import Optimization, SetupContext, TrainSetup, blocks
+from optimizers.base import Optimization, SetupContext, Switches, TrainSetup, blocks
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
 from optimizers.vocabulary import Bottleneck, Capability
-
-if TYPE_CHECKING:
-    from optimizers.catalog import SwitchesConfig
 
 
 @dataclass
@@ -62,7 +59,7 @@ def apply_compile(setup: TrainSetup, cfg: CompileConfig, ctx: SetupContext) -> N
     setup.note("compile", f"torch.compile mode={cfg.mode} on {what}; the first step includes compilation")
 
 
-def _check_toolchain(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+def _check_toolchain(switches: Switches, ctx: SetupContext) -> str | None:
     """Inductor generates C++ on CPU and Triton on CUDA; without the tool the first step fails."""
     if switches.compile.mode == "off":
         return None

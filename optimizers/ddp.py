@@ -17,20 +17,17 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from optimizers.base import Optimization, SetupContext, TrainSetup
+from optimizers.base import Optimization, SetupContext, Switches, TrainSetup
 from optimizers.config import ConfigError, Section
 from optimizers.facts import Candidate, Effect
 from optimizers.vocabulary import Bottleneck, Capability
-
-if TYPE_CHECKING:
-    from optimizers.catalog import SwitchesConfig
 
 
 @dataclass
@@ -182,7 +179,7 @@ def apply_ddp(setup: TrainSetup, cfg: DdpConfig, ctx: SetupContext) -> None:
 # Config-time checks
 
 
-def _check_ranks(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+def _check_ranks(switches: Switches, ctx: SetupContext) -> str | None:
     cfg = switches.ddp
     if cfg.comm_hook != "none" and ctx.world_size == 1:
         return f"comm_hook={cfg.comm_hook} needs several ranks: run with --nproc N / torchrun"
@@ -191,7 +188,7 @@ def _check_ranks(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
     return None
 
 
-def _check_backend(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+def _check_backend(switches: Switches, ctx: SetupContext) -> str | None:
     cfg = switches.ddp
     if cfg.backend == "nccl" and (ctx.device.type != "cuda" or not torch.cuda.is_available()):
         return f"backend=nccl needs CUDA (device: {ctx.device}); use backend=gloo or auto"
@@ -200,7 +197,7 @@ def _check_backend(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
     return None
 
 
-def _check_wire_dtype(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+def _check_wire_dtype(switches: Switches, ctx: SetupContext) -> str | None:
     cfg = switches.ddp
     dtype = _WIRE_DTYPE.get(cfg.comm_hook)
     if dtype is None or ctx.world_size == 1 or not dist.is_available():
@@ -214,7 +211,7 @@ def _check_wire_dtype(switches: SwitchesConfig, ctx: SetupContext) -> str | None
     return None
 
 
-def _check_timeout(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+def _check_timeout(switches: Switches, ctx: SetupContext) -> str | None:
     if ctx.world_size == 1:
         return None
     try:

@@ -21,19 +21,16 @@ import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import psutil
 import torch
 from torch import nn
 
-from optimizers.base import Optimization, SetupContext, TrainSetup
+from optimizers.base import Optimization, SetupContext, Switches, TrainSetup
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
 from optimizers.vocabulary import Bottleneck
-
-if TYPE_CHECKING:
-    from optimizers.catalog import SwitchesConfig
 
 
 @dataclass
@@ -246,7 +243,7 @@ def apply_dynamic_batch(setup: TrainSetup, cfg: DynamicBatchConfig, ctx: SetupCo
                                 f"under {1 - cfg.fit_margin:.0%} of {budget / 2**30:.2f} GiB ({how})")
 
 
-def _check_world(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+def _check_world(switches: Switches, ctx: SetupContext) -> str | None:
     if switches.dynamic_batch.mode == "latency" and ctx.world_size > 1:
         return ("latency mode decides from each rank's own step time, so ranks would drift to different "
                 "batches that DDP averages as if equal; use mode=fit (ranks agree on one batch) or one rank")

@@ -11,15 +11,12 @@ speed and no numerics; the memory it leaves free is what the other processes gai
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
-from optimizers.base import Optimization, SetupContext, TrainSetup
+from optimizers.base import Optimization, SetupContext, Switches, TrainSetup
 from optimizers.config import Section
-
-if TYPE_CHECKING:
-    from optimizers.catalog import SwitchesConfig
 
 
 @dataclass
@@ -44,7 +41,7 @@ def apply_memory_fraction(setup: TrainSetup, cfg: MemoryFractionConfig, ctx: Set
                                   f"({cfg.fraction * total / 2**30:.1f} of {total / 2**30:.1f} GiB)")
 
 
-def _check_cuda(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+def _check_cuda(switches: Switches, ctx: SetupContext) -> str | None:
     if switches.memory_fraction.fraction > 0 and ctx.device.type != "cuda":
         return f"memory_fraction caps CUDA memory; this run is on {ctx.device.type}"
     return None

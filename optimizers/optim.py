@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from optimizers.base import Optimization, SetupContext, TrainSetup
+from optimizers.base import Optimization, SetupContext, Switches, TrainSetup
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
 from optimizers.vocabulary import Bottleneck
-
-if TYPE_CHECKING:
-    from optimizers.catalog import SwitchesConfig
 
 
 @dataclass
@@ -184,7 +181,7 @@ def apply_lr_schedule(setup: TrainSetup, cfg: LrScheduleConfig, ctx: SetupContex
     setup.note("lr_schedule", f"{cfg.name}, warmup {cfg.warmup_steps} steps")
 
 
-def _check_fused(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+def _check_fused(switches: Switches, ctx: SetupContext) -> str | None:
     cfg = switches.optimizer
     if cfg.impl == "fused" and cfg.name not in _FUSED:
         return f"impl=fused: torch has no fused {cfg.name}; fused exists for {', '.join(sorted(_FUSED))}"

@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
-from optimizers.base import ModelShape, Optimization, SetupContext, TrainSetup
+from optimizers.base import ModelShape, Optimization, SetupContext, Switches, TrainSetup
 from optimizers.config import Section
-from optimizers.ddp import DdpConfig, init_process_group
+from optimizers.ddp import DdpConfig, init_process_group, local_rank
 from optimizers.facts import Candidate, Derived, Effect
 from optimizers.vocabulary import Bottleneck, Capability
-
-if TYPE_CHECKING:
-    from optimizers.catalog import SwitchesConfig
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 MESH_DIMS = ("pp", "dp", "fsdp", "tp")
@@ -156,7 +153,7 @@ def layout_problem(cfg: ParallelConfig, world_size: int, shape: ModelShape | Non
     return None
 
 
-def _check_layout(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+def _check_layout(switches: Switches, ctx: SetupContext) -> str | None:
     return layout_problem(switches.parallel, ctx.world_size, ctx.shape, batch_size=ctx.batch_size,
                           seq_len=ctx.seq_len)
 
@@ -173,7 +170,7 @@ _CONFLICTS = (
 )
 
 
-def _check_conflicts(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+def _check_conflicts(switches: Switches, ctx: SetupContext) -> str | None:
     cfg = switches.parallel
     if cfg.model_parallel == 1:
         return None
@@ -183,7 +180,7 @@ def _check_conflicts(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
     return None
 
 
-def _check_trainer(switches: SwitchesConfig, ctx: SetupContext) -> str | None:
+def _check_trainer(switches: Switches, ctx: SetupContext) -> str | None:
     """What the reference trainer does not run, though a layout may be planned with it."""
     cfg = switches.parallel
     if cfg.model_parallel == 1:
@@ -215,8 +212,6 @@ def apply_parallel(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) ->
     """Join the process group and build the mesh; the loader then shards data by data-parallel replica."""
     lay = layout(cfg, ctx.world_size)
     if ctx.device.type == "cuda":
-        from optimizers.ddp import local_rank
-
         device = torch.device("cuda", local_rank())
         torch.cuda.set_device(device)
         setup.raw_model.to(device)
