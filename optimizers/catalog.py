@@ -1,10 +1,11 @@
 """The registry of switches, the `switches.*` config derived from it, and `apply_all`, the one
 ordered pipeline that turns config into a setup.
 
-Adding a switch is its module (section + apply + `Optimization` record), one line in ORDER, its
-test and its doc row (docs/optimizations.md): `SwitchesConfig` grows a field by itself. A switch
-that acts at several places (a parallel layout) adds a `Stage` line for each further place; stages
-read their switch's section and are not registered themselves.
+Adding a switch is its module (section + apply + `Optimization` record), its name in the import
+below and one line in ORDER, its test and its doc row (docs/optimizations.md): `SwitchesConfig`
+grows a field by itself. A switch that acts at several places (a parallel layout) adds a `Stage`
+line for each further place; stages read their switch's section and are not registered themselves.
+The switch modules never import the catalog back (their checks read `optimizers.base.Switches`).
 """
 
 from __future__ import annotations
