@@ -34,7 +34,8 @@ from profiler.capture.run import profile_run
 from profiler.config import load_config
 from profiler.instruments import CpuBackend, Sampler, StepTimer
 from profiler.settings import ProfileConfig
-from reference_model.trainer import Trainer, TrainerHook, TrainStart
+from reference_model.hooks import TrainerHook, TrainStart
+from reference_model.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 HZ = ProfileConfig().sample_hz

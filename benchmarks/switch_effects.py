@@ -37,7 +37,8 @@ from benchmarks.switch_claims import BATCH, ROWS, SEQ, Row
 from optimizers import REGISTRY, SwitchesConfig
 from optimizers.config import build_section
 from reference_model.config import DataConfig, TrainConfig, model_config
-from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from reference_model.hooks import StepRecord, TrainerHook
+from reference_model.trainer import Trainer
 
 # --------------------------------------------------------------------------------------------
 # Recording

@@ -56,7 +56,7 @@ class SetupContext:
     """Where the setup will run; switches that cannot run there refuse at config time.
 
     Every run figure is required: the context is built from a run's config (our trainer's
-    `reference_model.trainer.setup_context`), so there is no second set of defaults to disagree.
+    `reference_model.context.setup_context`), so there is no second set of defaults to disagree.
     """
 
     total_steps: int

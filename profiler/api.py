@@ -63,7 +63,8 @@ from profiler.capture.ranks import RankRecord, instruments, raise_interrupted
 from profiler.instruments.comm import CommStats
 from profiler.instruments.machine import MATMUL_DTYPES, environment
 from profiler.settings import ProfileConfig
-from reference_model.trainer import StepRecord, TrainStart, dist_env
+from reference_model.context import dist_env
+from reference_model.hooks import StepRecord, TrainStart
 
 SOURCE = "api"
 """run.json `source` of runs made here (readers take a run without one for a profile-run run)."""

@@ -19,8 +19,8 @@ from optimizers import SwitchesConfig, check_all
 from optimizers.config import ConfigError, build_section, section_to_dict
 from profiler.settings import CONFIGS_DIR, ProfileConfig, parse_override, read_yaml, shipped_presets
 from reference_model.config import PRESETS, DataConfig, GLMConfig, TrainConfig, resolve_model_section
+from reference_model.context import resolve_device, setup_context
 from reference_model.data import resolve_corpus
-from reference_model.trainer import resolve_device, setup_context
 
 
 @dataclass

@@ -12,22 +12,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from optimizers import SetupContext, SwitchesConfig, TrainSetup, apply_all
-from optimizers.base import ModelShape
 from reference_model.checkpoint import load_latest, save_checkpoint
 from reference_model.config import DataConfig, GLMConfig, TrainConfig
+from reference_model.context import setup_context
 from reference_model.data import build_loader
 from reference_model.grads import clip_grads, local_part, total_grad_norm
+from reference_model.hooks import StepRecord, TrainerHook, TrainResult, TrainStart
 from reference_model.layout_state import full_state, load_full_state, state_layout
 from reference_model.lazy import LazyScalars
 from reference_model.model import IGNORE_INDEX, GLMForCausalLM
@@ -37,121 +36,6 @@ log = logging.getLogger("glmperf.trainer")
 
 class NonFiniteLossError(RuntimeError):
     """The NaN/Inf guard's `stop` policy ended the run (a debug checkpoint was saved)."""
-
-
-@dataclass
-class StepRecord:
-    """One optimizer step's figures, as the trainer knows them (timings belong to instruments)."""
-
-    step: int
-    batch_size: int
-    """Micro-batch size in samples (per rank)."""
-    micro_batches: int
-    tokens: int
-    """Input tokens this rank processed in the step: its share of its data-parallel replica's batch
-    when several ranks (tensor-parallel or pipeline) work on one batch, so the ranks' sum counts
-    every token once."""
-    loss: torch.Tensor
-    """Mean loss over the micro-batches (a detached device tensor: reading it is a device sync)."""
-    grad_norm: torch.Tensor
-    """Global gradient L2 norm before clipping (a detached device tensor)."""
-    lr: float
-    loss_scale: float | None
-    skipped: bool
-    wall_s: float
-    """Host wall time of the step, from step start to the end of the optimizer phase."""
-    warmup: bool = False
-    """True for steps that include one-off work (compilation)."""
-    values: LazyScalars | None = None
-    """(loss, grad norm) on their way to the host: `ready()` never blocks, `values()` gives floats."""
-
-    def scalars(self) -> LazyScalars:
-        """The lazy (loss, grad norm) pair, made on first use for a record built without one."""
-        if self.values is None:
-            self.values = LazyScalars(torch.as_tensor(self.loss), torch.as_tensor(self.grad_norm))
-        return self.values
-
-
-@dataclass(frozen=True)
-class TrainStart:
-    """What a hook learns when training starts: where it runs and which steps it will see."""
-
-    device: torch.device
-    rank: int
-    world_size: int
-    start_step: int
-    """First step this process runs (after a resume, the step it resumed at)."""
-    total_steps: int
-    """The step count the run ends at (steps run here: total_steps - start_step)."""
-
-
-@dataclass
-class TrainResult:
-    steps: int
-    """Optimizer steps completed in this process (resumed steps not counted)."""
-    final_step: int
-    elapsed_s: float = 0.0
-
-
-class TrainerHook:
-    """Pass-through base: instruments override what they need.
-
-    Calls, in order: `on_train_start(TrainStart)` once; per step `on_step_start(step)`, pairs of
-    `on_phase_start/on_phase_end(step, phase)` (phases may repeat within a step: one data/h2d/
-    forward/backward per micro-batch), `on_step_end(StepRecord)`; `on_event(dict)` whenever a
-    switch reports one; `on_train_end(result or None, error or None)` once, also after a failure.
-    """
-
-    def on_train_start(self, start: TrainStart) -> None: ...
-    def on_step_start(self, step: int) -> None: ...
-    def on_phase_start(self, step: int, phase: str) -> None: ...
-    def on_phase_end(self, step: int, phase: str) -> None: ...
-    def on_step_end(self, record: StepRecord) -> None: ...
-    def on_event(self, event: dict[str, Any]) -> None: ...
-    def on_train_end(self, result: TrainResult | None, error: BaseException | None) -> None: ...
-
-
-def resolve_device(name: str) -> torch.device:
-    """auto -> cuda or cpu; under torchrun a bare `cuda` means this rank's GPU (LOCAL_RANK)."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    if device.type == "cuda" and device.index is None and "LOCAL_RANK" in os.environ:
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    return device
-
-
-def dist_env() -> tuple[int, int]:
-    """(rank, world size) from torchrun's environment; (0, 1) when not launched by it."""
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-def setup_context(train: TrainConfig, data: DataConfig, *, device: torch.device | None = None,
-                  rank: int | None = None, world_size: int | None = None,
-                  memory_budget_bytes: int | None = None,
-                  wrap_comm_hook: Callable[..., Any] | None = None,
-                  model: GLMConfig | None = None) -> SetupContext:
-    """The one way to build the context switches are checked and applied in, from the config.
-
-    `device`, `rank` and `world_size` default to what this process is (train.device resolved,
-    torchrun's environment); a launcher checking a config for N ranks passes `world_size=N`.
-    `model` gives the checks the model's sizes before it is built (layouts must divide its heads).
-    """
-    env_rank, env_world = dist_env()
-    return SetupContext(device=device if device is not None else resolve_device(train.device),
-                        world_size=env_world if world_size is None else world_size,
-                        rank=env_rank if rank is None else rank,
-                        total_steps=train.steps, lr=train.lr, batch_size=train.batch_size,
-                        seq_len=data.seq_len, objective=data.objective,
-                        memory_budget_bytes=memory_budget_bytes, wrap_comm_hook=wrap_comm_hook,
-                        shape=None if model is None else shape_of(model))
-
-
-def shape_of(cfg: GLMConfig) -> ModelShape:
-    """The sizes layout checks divide, from the model config."""
-    return ModelShape(num_layers=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads,
-                      num_kv_heads=cfg.num_key_value_heads, hidden_size=cfg.hidden_size,
-                      intermediate_size=cfg.intermediate_size)
 
 
 class Trainer:

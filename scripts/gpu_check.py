@@ -17,7 +17,7 @@ from profiler import store  # noqa: E402
 from profiler.advice.plan import plan  # noqa: E402
 from profiler.capture.run import profile_run  # noqa: E402
 from profiler.config import build_run_config, load_config  # noqa: E402
-from reference_model.trainer import StepRecord, TrainerHook  # noqa: E402
+from reference_model.hooks import StepRecord, TrainerHook  # noqa: E402
 
 FAILED: list[str] = []
 

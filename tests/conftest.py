@@ -21,7 +21,7 @@ import pytest
 from profiler import store
 from profiler.capture.run import profile_run
 from profiler.config import load_config
-from reference_model.trainer import StepRecord, TrainerHook
+from reference_model.hooks import StepRecord, TrainerHook
 
 ROOT = Path(__file__).resolve().parent.parent
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

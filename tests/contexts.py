@@ -9,7 +9,7 @@ import torch
 
 from optimizers import SetupContext
 from reference_model.config import DataConfig, TrainConfig
-from reference_model.trainer import setup_context
+from reference_model.context import setup_context
 
 
 def context(**overrides: Any) -> SetupContext:

@@ -28,7 +28,9 @@ from optimizers import SwitchesConfig
 from optimizers.config import build_section
 from profiler.instruments.comm import CommStats
 from reference_model.config import DataConfig, TrainConfig, model_config
-from reference_model.trainer import StepRecord, Trainer, TrainerHook, dist_env, setup_context
+from reference_model.context import dist_env, setup_context
+from reference_model.hooks import StepRecord, TrainerHook
+from reference_model.trainer import Trainer
 
 
 class Recorder(TrainerHook):

@@ -26,7 +26,8 @@ from optimizers.config import build_section
 from optimizers.pipeline import PipelineRunner
 from profiler.advice.saved_tensors import SavedTracker, forward_saved
 from reference_model.config import DataConfig, TrainConfig, model_config
-from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from reference_model.hooks import StepRecord, TrainerHook
+from reference_model.trainer import Trainer
 
 SEQ_LEN = 32
 

@@ -21,7 +21,8 @@ from profiler.instruments import machine as devmod
 from profiler.instruments.step_timer import STEP_COLUMNS, _HwmReset
 from profiler.metrics import DERIVED_PHASES, PHASE_COLUMNS, PHASE_NAMES
 from reference_model.config import DataConfig, TrainConfig, model_config
-from reference_model.trainer import StepRecord, Trainer, TrainerHook, TrainStart
+from reference_model.hooks import StepRecord, TrainerHook, TrainStart
+from reference_model.trainer import Trainer
 
 BATCH, SEQ, STEPS = 4, 32, 4
 

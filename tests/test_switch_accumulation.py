@@ -10,7 +10,8 @@ import torch
 from optimizers import SwitchesConfig
 from optimizers.config import build_section
 from reference_model.config import DataConfig, TrainConfig, model_config
-from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from reference_model.hooks import StepRecord, TrainerHook
+from reference_model.trainer import Trainer
 
 
 class GradsBeforeStep(TrainerHook):

@@ -12,8 +12,9 @@ from optimizers.amp import OPTIMIZATION, AmpConfig, apply_amp
 from optimizers.base import TrainSetup
 from optimizers.config import build_section
 from reference_model.config import DataConfig, TrainConfig, model_config
+from reference_model.hooks import StepRecord, TrainerHook
 from reference_model.model import GLMForCausalLM
-from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from reference_model.trainer import Trainer
 from tests.contexts import context
 
 # constant lr, no warmup: the loss moves enough in a few steps for the comparison to mean something

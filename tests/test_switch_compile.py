@@ -12,7 +12,8 @@ from optimizers import SwitchesConfig
 from optimizers.compile import OPTIMIZATION
 from optimizers.config import build_section
 from reference_model.config import DataConfig, TrainConfig, model_config
-from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from reference_model.hooks import StepRecord, TrainerHook
+from reference_model.trainer import Trainer
 from tests.contexts import context
 
 

@@ -9,8 +9,9 @@ from optimizers import SwitchesConfig, TrainSetup
 from optimizers.config import build_section
 from optimizers.dataloader import DataLoaderConfig, apply_dataloader, loader_options
 from reference_model.config import DataConfig, TrainConfig, model_config
+from reference_model.hooks import StepRecord, TrainerHook
 from reference_model.model import GLMForCausalLM
-from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from reference_model.trainer import Trainer
 from tests.contexts import context
 
 STEPS = 10

@@ -26,8 +26,9 @@ from optimizers.checkpointing import CheckpointConfig, apply_checkpointing
 from optimizers.config import build_section
 from optimizers.ddp import TIMEOUT_ENV, DdpConfig, apply_ddp, gloo_all_reduces
 from reference_model.config import DataConfig, TrainConfig, model_config
+from reference_model.hooks import StepRecord, TrainerHook
 from reference_model.model import GLMForCausalLM
-from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from reference_model.trainer import Trainer
 from tests.contexts import context
 
 REPO = Path(__file__).resolve().parents[1]

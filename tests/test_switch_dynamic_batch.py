@@ -13,8 +13,10 @@ from optimizers import SwitchesConfig, check_all
 from optimizers.config import ConfigError, build_section
 from optimizers.dynamic_batch import LatencyController, find_fitting_batch, measure_peak_bytes
 from reference_model.config import DataConfig, TrainConfig, model_config
+from reference_model.context import setup_context
+from reference_model.hooks import StepRecord, TrainerHook
 from reference_model.model import GLMForCausalLM
-from reference_model.trainer import StepRecord, Trainer, TrainerHook, setup_context
+from reference_model.trainer import Trainer
 from tests.contexts import context
 
 CFG = model_config("tiny")

@@ -13,8 +13,9 @@ from optimizers.config import build_section
 from optimizers.optim import LrScheduleConfig, OptimizerConfig, build_optimizer, lr_factor
 from optimizers.stability import LossWatch, StabilityConfig
 from reference_model.config import DataConfig, TrainConfig, model_config
+from reference_model.hooks import StepRecord, TrainerHook
 from reference_model.model import GLMForCausalLM
-from reference_model.trainer import NonFiniteLossError, StepRecord, Trainer, TrainerHook
+from reference_model.trainer import NonFiniteLossError, Trainer
 
 
 class Collect(TrainerHook):

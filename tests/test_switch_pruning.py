@@ -12,8 +12,9 @@ from optimizers.config import build_section
 from optimizers.ffn_pruning import FfnPruningConfig, apply_ffn_pruning, channel_importance
 from optimizers.param_sharing import ParamSharingConfig, apply_param_sharing
 from reference_model.config import DataConfig, TrainConfig, model_config
+from reference_model.hooks import StepRecord, TrainerHook
 from reference_model.model import GLMForCausalLM
-from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from reference_model.trainer import Trainer
 from tests.contexts import context
 
 CFG = model_config("tiny")

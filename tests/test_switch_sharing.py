@@ -13,8 +13,9 @@ from optimizers import SwitchesConfig, TrainSetup
 from optimizers.config import build_section
 from optimizers.param_sharing import ParamSharingConfig, apply_param_sharing, owners
 from reference_model.config import DataConfig, TrainConfig, model_config
+from reference_model.hooks import StepRecord, TrainerHook
 from reference_model.model import GLMForCausalLM
-from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from reference_model.trainer import Trainer
 from tests.contexts import context
 
 CFG = model_config("tiny", num_hidden_layers=4)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch.overrides import TorchFunctionMode
 
-from reference_model.trainer import StepRecord, TrainerHook
+from reference_model.hooks import StepRecord, TrainerHook
 from tests.conftest import tiny_run
 
 READS = {"item", "__float__", "__bool__", "__int__", "__index__", "tolist", "numpy"}

@@ -11,7 +11,8 @@ from optimizers import SwitchesConfig
 from optimizers.config import build_section
 from reference_model.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from reference_model.config import DataConfig, TrainConfig, model_config
-from reference_model.trainer import StepRecord, Trainer, TrainerHook
+from reference_model.hooks import StepRecord, TrainerHook
+from reference_model.trainer import Trainer
 
 
 class Losses(TrainerHook):

@@ -40,8 +40,8 @@ from optimizers.tensor_parallel import ALL_REDUCES_PER_BLOCK, NORMS, sharded_dim
 from profiler.advice.saved_tensors import SavedTracker, forward_saved
 from profiler.config import RunConfig, build_run_config
 from reference_model.config import model_config
+from reference_model.context import setup_context
 from reference_model.model import GLMForCausalLM
-from reference_model.trainer import setup_context
 
 GPUS_GB: dict[str, float] = {"a100-40gb": 40.0, "a100-80gb": 80.0, "h100": 80.0, "h200": 141.0,
                              "b200": 180.0, "l40s": 48.0, "rtx4090": 24.0}

@@ -21,7 +21,7 @@ from profiler.analysis.operators import precision_work
 from profiler.config import build_run_config
 from profiler.instruments.machine import MATMUL_DTYPES, matmul_peaks, matmul_speedup, run_peak
 from profiler.traces.summary import trace_summary
-from reference_model.trainer import resolve_device
+from reference_model.context import resolve_device
 
 
 def _outcome(world_size: int, statuses: dict[int, dict[str, Any]], launcher_error: str | None

@@ -21,7 +21,7 @@ import torch
 from profiler import store
 from profiler.capture.ranks import run_rank
 from profiler.config import build_run_config
-from reference_model.trainer import dist_env, resolve_device
+from reference_model.context import dist_env, resolve_device
 
 
 def torchrun_root_cause(stderr: str) -> str | None:

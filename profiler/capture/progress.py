@@ -10,7 +10,7 @@ import sys
 import time
 from typing import TextIO
 
-from reference_model.trainer import StepRecord, TrainerHook, TrainResult, TrainStart
+from reference_model.hooks import StepRecord, TrainerHook, TrainResult, TrainStart
 
 
 class Progress(TrainerHook):

@@ -25,7 +25,9 @@ from profiler.instruments import Instrument, Sampler, StepTimer, TraceWindow, ch
 from profiler.instruments.comm import CommStats
 from profiler.instruments.compile_watch import CompileWatch
 from profiler.settings import ProfileConfig
-from reference_model.trainer import Trainer, TrainerHook, setup_context
+from reference_model.context import setup_context
+from reference_model.hooks import TrainerHook
+from reference_model.trainer import Trainer
 
 
 class Interrupted(KeyboardInterrupt):

@@ -25,7 +25,8 @@ from profiler.capture.launch import launch_ranks
 from profiler.capture.ranks import run_rank
 from profiler.config import RunConfig
 from profiler.instruments.machine import environment
-from reference_model.trainer import TrainerHook, resolve_device
+from reference_model.context import resolve_device
+from reference_model.hooks import TrainerHook
 
 
 def create_run_dir(cfg: RunConfig, *, runs_dir: Path | None, nproc: int, launcher: bool = True,

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from profiler import store
 from profiler.config import RunConfig
-from reference_model.trainer import StepRecord, TrainerHook, TrainStart
+from reference_model.hooks import StepRecord, TrainerHook, TrainStart
 
 
 class BatchInterrupted(KeyboardInterrupt):

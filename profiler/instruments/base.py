@@ -1,6 +1,6 @@
 """The instrument protocol: what an instrument receives, and the two methods it adds to a hook.
 
-An instrument is a `reference_model.trainer.TrainerHook` (every method passes through, so it
+An instrument is a `reference_model.hooks.TrainerHook` (every method passes through, so it
 overrides only what it needs: Lightning's `profilers/profiler.py` shape) that can also summarize
 itself and release what it holds. It never looks into the trainer; all it receives is:
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reference_model.trainer import TrainerHook
+from reference_model.hooks import TrainerHook
 
 
 class Instrument(TrainerHook):

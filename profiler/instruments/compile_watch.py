@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from profiler.instruments.base import Instrument
-from reference_model.trainer import StepRecord, TrainStart
+from reference_model.hooks import StepRecord, TrainStart
 
 
 def _frames() -> int:

@@ -43,7 +43,7 @@ import torch
 
 from profiler.instruments.base import Instrument
 from profiler.instruments.nvml import NvmlBackend, cuda_index, nvml_status
-from reference_model.trainer import TrainStart
+from reference_model.hooks import TrainStart
 
 log = logging.getLogger("glmperf.sampler")
 NAN = float("nan")

@@ -64,7 +64,7 @@ import torch
 
 from profiler.instruments.base import Instrument
 from profiler.metrics import DERIVED_PHASES, PHASE_COLUMNS, PHASES
-from reference_model.trainer import StepRecord, TrainStart
+from reference_model.hooks import StepRecord, TrainStart
 
 STEP_COLUMNS = (
     "step", "rank", "ts_end", "step_s", "host_s", *PHASE_COLUMNS,

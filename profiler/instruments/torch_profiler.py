@@ -39,7 +39,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, record_function, schedule
 
 from profiler.instruments.base import Instrument
-from reference_model.trainer import TrainStart
+from reference_model.hooks import TrainStart
 
 log = logging.getLogger("glmperf.trace")
 
