@@ -10,12 +10,10 @@ for the devices, on any machine (a CPU laptop planning a GPU run):
 - activations: the real model's forward traced under FakeTensorMode (shapes only, as torchtitan's
   memory estimator does) at a rank's local shapes, counting the distinct storages autograd saves
   for backward and the logits (`saved_bytes`, the same count a run measures), then scaled by the
-  blocks a rank holds, the micro-batches a pipeline schedule keeps in flight, and checkpointing;
+  blocks a rank holds, the micro-batches a pipeline schedule keeps in flight, and checkpointing
+  (profiler.advice.plan_activations);
 - buffers: what FSDP gathers while a unit computes, in the dtype it gathers, or autocast's copies;
-- communication per optimizer step, by collective, as payload bytes (the full tensor an
-  all-gather produces, a reduce-scatter or all-reduce consumes; send/recv what a rank sends and
-  receives); on a ring each rank moves (n-1)/n of an all-gather's or reduce-scatter's payload and
-  2(n-1)/n of an all-reduce's.
+- communication per optimizer step, by collective, as payload bytes (profiler.advice.plan_comm).
 
 What it leaves out is listed in `Plan.assumptions`. The layout is checked with the checks runs use
 (`optimizers.parallel.LAYOUT_CHECKS`), so a plan refuses what a run would refuse.
@@ -30,16 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from optimizers import ConfigError
 from optimizers.parallel import LAYOUT_CHECKS, Layout, ParallelConfig, layout
-from optimizers.pipeline import stage_loss
-from optimizers.tensor_parallel import ALL_REDUCES_PER_BLOCK, NORMS, sharded_dim
-from profiler.advice.saved_tensors import SavedTracker, forward_saved
+from optimizers.tensor_parallel import sharded_dim
+from profiler.advice.plan_activations import activation_bytes, micro_batches_in_flight, trace_activations
+from profiler.advice.plan_comm import comm_bytes
 from profiler.config import RunConfig, build_run_config
-from reference_model.config import model_config
 from reference_model.context import setup_context
 from reference_model.model import GLMForCausalLM
 
@@ -57,82 +52,6 @@ STEP_SCALAR = {"adamw": 4, "sgd": 0, "rmsprop": 4, "adagrad": 4}
 """Bytes of the per-parameter `step` counter each optimizer keeps (a float32 scalar tensor)."""
 
 _DTYPE_BYTES = {"off": 4, "bf16": 2, "fp16": 2}
-
-
-# --------------------------------------------------------------------------------------------
-# Activations: the distinct storages autograd saves, traced at shapes only
-
-
-@dataclass(frozen=True)
-class ActivationTrace:
-    """Saved bytes per micro-batch at a rank's shapes: one block, and what else each kind of rank keeps."""
-
-    block: int
-    block_input: int
-    """The residual stream entering a block (what a checkpointed block keeps)."""
-    rest: int
-    """A whole model's beyond its blocks: the embedding's, the final norm's, lm_head's, the loss's, the logits."""
-    stage_rest: tuple[int, int, int] = (0, 0, 0)
-    """A pipeline's first, middle and last stage beyond their blocks: the embedding's saves or the norm's,
-    lm_head's and loss's, plus the output each stage keeps for its backward (hidden states, or logits)."""
-    logits: int = 0
-    """One micro-batch's logits as the last stage outputs them: torch's schedules keep every micro-batch's
-    until the step ends (to return them merged), after its activations are freed."""
-
-
-def _shaped(cfg: RunConfig, tp: int, layers: int) -> GLMForCausalLM:
-    """The model with `layers` blocks at a tp rank's local head counts and MLP width."""
-    m = cfg.model
-    fields = {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name != "preset"}
-    shape = dict(num_attention_heads=m.num_attention_heads // tp, num_key_value_heads=m.num_key_value_heads // tp,
-                 intermediate_size=m.intermediate_size // tp, num_hidden_layers=layers)
-    return GLMForCausalLM(model_config(m.preset, **{**fields, **shape}))
-
-
-def _norms(model: GLMForCausalLM) -> list[nn.Module]:
-    """The block norms, which sequence parallelism runs on 1/tp of the sequence."""
-    return [getattr(block, name) for block in model.blocks for name in NORMS]
-
-
-def _stage_saved(cfg: RunConfig, tp: int, ways: int, micro_batch: int, dtype: torch.dtype | None, *,
-                 first: bool) -> tuple[int, int]:
-    """Saved bytes of a one-block pipeline stage (the first or the last of two) with its kept output,
-    and that output's bytes."""
-    model = _shaped(cfg, tp, layers=2)
-    model.keep_stage([0] if first else [1])
-    shape = (micro_batch, cfg.data.seq_len) + (() if first else (cfg.model.hidden_size,))
-    x = torch.zeros(shape, dtype=torch.long) if first else torch.zeros(shape, requires_grad=True)
-    with SavedTracker(model) as tracker, torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-        tracker.split_inside(_norms(model), ways)
-        out = model.stage_forward(x)
-        if not first:
-            stage_loss(out, torch.zeros(shape[:2], dtype=torch.long))
-    tracker.hold(out)
-    return tracker.current, out.untyped_storage().nbytes()
-
-
-def trace_activations(cfg: RunConfig, *, tp: int, micro_batch: int, stages: bool = False) -> ActivationTrace:
-    """Trace 1- and 2-block models with tp's local head counts and MLP width under FakeTensorMode,
-    and with `stages` a pipeline's first and last stage of one block each. With sequence parallelism
-    what the block norms save, and the residual stream a checkpointed block keeps, is 1/tp."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.switches.amp.dtype)
-    ways = tp if cfg.switches.parallel.sequence_parallel else 1
-    hidden = micro_batch * cfg.data.seq_len * cfg.model.hidden_size * 4  # the fp32 residual stream
-    with FakeTensorMode():
-        ids = torch.zeros(micro_batch, cfg.data.seq_len, dtype=torch.long)
-        one, two = (forward_saved(model, ids, dtype, split=(_norms(model), ways))[0]
-                    for model in (_shaped(cfg, tp, layers) for layers in (1, 2)))
-        block = two - one
-        if not stages:
-            return ActivationTrace(block=block, block_input=hidden // ways, rest=one - block)
-        first, output = _stage_saved(cfg, tp, ways, micro_batch, dtype, first=True)
-        last, logits = _stage_saved(cfg, tp, ways, micro_batch, dtype, first=False)
-    return ActivationTrace(block=block, block_input=hidden // ways, rest=one - block,
-                           stage_rest=(first - block, output, last - block), logits=logits)
-
-
-# --------------------------------------------------------------------------------------------
-# The plan
 
 
 @dataclass
@@ -252,11 +171,11 @@ def plan(cfg: RunConfig, nproc: int, *, capacity_bytes: int | None = None, advis
 
     def activations(s: int, mode: str, every: int) -> int:
         if lay.pp == 1:
-            return _activations(trace, stage_layers, mode, every=every, extra=trace.rest, in_flight=1)
-        in_flight = _in_flight(par, lay.pp, m, s)
+            return activation_bytes(trace, stage_layers, mode, every=every, extra=trace.rest, in_flight=1)
+        in_flight = micro_batches_in_flight(par, lay.pp, m, s)
         extra = trace.stage_rest[0 if s == 0 else 2 if s == lay.pp - 1 else 1]
         done = round((m - in_flight) * trace.logits) if s == lay.pp - 1 else 0
-        return _activations(trace, stage_layers, mode, every=every, extra=extra, in_flight=in_flight) + done
+        return activation_bytes(trace, stage_layers, mode, every=every, extra=extra, in_flight=in_flight) + done
 
     def rank_bytes(s: int) -> dict[str, int]:
         if lay.fsdp_wraps and lay.pp > 1:  # every block gathered by the end, with its unsharded gradient
@@ -275,9 +194,9 @@ def plan(cfg: RunConfig, nproc: int, *, capacity_bytes: int | None = None, advis
     stage = max(range(lay.pp), key=lambda s: by_stage[s]["total"])
     per_rank = by_stage[stage]
     by_ac = {mode: activations(stage, mode, 2) for mode in ("off", "full", "selective")}
-    comm = _comm(cfg, lay, par, gathered_stage=(sum(units[stage]), root[stage]), grads_held=held[stage],
-                 micro=micro, m=m, accumulation=accumulation, stage_layers=stage_layers, compute=compute,
-                 gather_bytes=gather_bytes)
+    comm = comm_bytes(cfg, lay, par, gathered_stage=(sum(units[stage]), root[stage]), grads_held=held[stage],
+                       micro=micro, m=m, accumulation=accumulation, stage_layers=stage_layers,
+                       compute=compute, gather_bytes=gather_bytes)
     v = par.chunks_per_rank
     bubble = (lay.pp - 1) / (v * m + lay.pp - 1) if lay.pp > 1 else None
     result = Plan(preset=cfg.model.preset, nproc=nproc, layout=lay, micro_batch=micro, per_rank_bytes=per_rank,
@@ -287,97 +206,10 @@ def plan(cfg: RunConfig, nproc: int, *, capacity_bytes: int | None = None, advis
                              "buffers": "fp32" if amp == "off" else amp},
                   activations_by_checkpointing=by_ac, comm_bytes_per_step=comm, bubble=bubble,
                   capacity_bytes=capacity_bytes,
-                  assumptions=_assumptions(lay, par, _in_flight(par, lay.pp, m, stage), stage, amp))
+                  assumptions=_assumptions(lay, par, micro_batches_in_flight(par, lay.pp, m, stage), stage, amp))
     if advise and result.fits is False:
         result.advice = _advice(cfg, nproc, capacity_bytes)
     return result
-
-
-def _in_flight(par: ParallelConfig, pp: int, m: int, stage: int) -> float:
-    """Micro-batches of a stage's activations alive at its peak: GPipe runs every forward first (m); 1F1B
-    warms up with p-1-s forwards and starts each backward after one more (p-s, at most m); interleaved
-    1F1B warms up with (v-1)p + 2(p-1-s) chunk forwards, each of 1/v of the stage's blocks (torch's
-    schedules)."""
-    if pp == 1:
-        return 1
-    if par.schedule == "gpipe":
-        return m
-    if par.schedule == "1f1b":
-        return min(m, pp - stage)
-    v = par.virtual_stages
-    return min(v * m, (v - 1) * pp + 2 * (pp - 1 - stage) + 1) / v
-
-
-def _activations(trace: ActivationTrace, layers: int, mode: str, *, every: int, extra: int, in_flight: float) -> int:
-    """A rank's activation bytes: per micro-batch in flight, its blocks' saved storages (only the input of
-    a checkpointed block) and `extra` (what the rank keeps beyond its blocks); backward recomputes one
-    checkpointed block at a time, after the blocks above it have freed theirs, so with every block
-    checkpointed the peak adds that one block's."""
-    checkpointed = 0 if mode == "off" else layers if mode == "full" else math.ceil(layers / every)
-    kept = layers - checkpointed
-    per_micro_batch = extra + checkpointed * trace.block_input + kept * trace.block
-    return round(in_flight * per_micro_batch) + (trace.block if kept == 0 else 0)
-
-
-def _comm(cfg: RunConfig, lay: Layout, par: ParallelConfig, *, gathered_stage: tuple[int, int], grads_held: int,
-          micro: int, m: int, accumulation: int, stage_layers: int, compute: int, gather_bytes: int) -> dict[str, int]:
-    """Payload bytes per optimizer step by collective (see the module docstring)."""
-    blocks, root = gathered_stage
-    passes = accumulation * m  # forward/backward passes per optimizer step
-    comm = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0, "send_recv": 0}
-    if lay.fsdp_wraps:
-        # a pipeline stage accumulates its micro-batches' gradients unsharded and reduce-scatters once
-        # (torch.distributed.pipelining); with resharding a block is gathered by each forward and once in
-        # backward (traced: m + 1 under GPipe, 1F1B and interleaved alike), the root once. Shards of one
-        # rank (replicas of a tp or pp model) gather and scatter nothing
-        reductions = accumulation if lay.pp > 1 else passes
-        if lay.pp > 1:
-            gathers = accumulation * (blocks * (m + 1 if par.reshard_after_forward else 1) + root)
-        else:
-            regather = blocks if par.reshard_after_forward else 0  # backward gathers resharded blocks again
-            gathers = passes * (blocks + root + regather)
-        sharded = lay.fsdp > 1
-        comm["all_gather"] = gather_bytes * gathers * sharded
-        comm["reduce_scatter"] = reductions * 4 * (blocks + root) * sharded
-        if lay.dp > 1:
-            comm["all_reduce"] += reductions * 4 * grads_held
-    elif lay.dp > 1:
-        comm["all_reduce"] += 4 * grads_held  # once per step: accumulation runs no_sync before the last
-    if lay.tp > 1:
-        comm_tp = _tensor_parallel_comm(cfg, micro=micro, stage_layers=stage_layers, compute=compute)
-        for kind, payload in comm_tp.items():
-            comm[kind] += passes * payload
-    if lay.pp > 1:
-        # the residual stream crosses a boundary: fp32 under autocast, FSDP's gathered dtype under FSDP
-        boundary = micro * cfg.data.seq_len * cfg.model.hidden_size * (gather_bytes if lay.fsdp_wraps else 4)
-        # each chunk receives its input and sends its output, but the model's first input and last output
-        chunks = par.chunks_per_rank
-        sides = 2 * chunks - 1 if lay.pp == 2 else 2 * chunks  # the busiest rank: a middle one from 3 stages
-        comm["send_recv"] = accumulation * m * 2 * sides * boundary  # activations forward, gradients back
-    comm["total"] = sum(comm.values())
-    return comm
-
-
-def _tensor_parallel_comm(cfg: RunConfig, *, micro: int, stage_layers: int, compute: int) -> dict[str, int]:
-    """Payload bytes of one forward and backward's tensor-parallel collectives, by kind.
-
-    Per block and pass, twice (attention, MLP): forward reduces a rowwise matmul's output (the compute
-    dtype), backward the gradient of the colwise matmuls' input (the norm's output: fp32, the residual
-    stream's dtype). A checkpointed block's recompute stops once backward has what it saved (torch's
-    non-reentrant checkpoint stops early), the MLP's input: the attention's output is reduced again, not
-    the MLP's. Without sequence parallelism each reduction is an all-reduce; with it a reduce-scatter,
-    and an all-gather precedes the colwise matmuls in forward and recompute (fp32) and the rowwise
-    output's gradient in backward (compute dtype), plus the sequence's two ends: the last block's output
-    gathered in forward, the first block's input gradient in backward."""
-    tokens = micro * cfg.data.seq_len * cfg.model.hidden_size
-    ac = cfg.switches.activation_checkpointing
-    recomputed = {"off": 0, "full": stage_layers}.get(ac.mode, math.ceil(stage_layers / ac.every))
-    reduced = (stage_layers * ALL_REDUCES_PER_BLOCK * (compute + 4) + recomputed * compute) * tokens
-    if not cfg.switches.parallel.sequence_parallel:
-        return {"all_reduce": reduced}
-    gathered = (stage_layers * ALL_REDUCES_PER_BLOCK * (4 + compute) + recomputed * ALL_REDUCES_PER_BLOCK * 4
-                + 2 * 4) * tokens
-    return {"reduce_scatter": reduced, "all_gather": gathered}
 
 
 def _assumptions(lay: Layout, par: ParallelConfig, in_flight: float, stage: int, amp: str) -> list[str]:
