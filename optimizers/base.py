@@ -42,13 +42,13 @@ def model_shape(model: nn.Module) -> ModelShape | None:
     its blocks do not say their head counts and widths."""
     layers = blocks(model)
     first = layers[0]
-    attn, mlp = getattr(first, "self_attn", None), getattr(first, "mlp", None)
+    attn: Any = getattr(first, "self_attn", None)  # a user's model: whatever its blocks hold
+    mlp: Any = getattr(first, "mlp", None)
     if not all(hasattr(attn, a) for a in ("num_heads", "num_key_value_heads")) or not hasattr(mlp, "down_proj"):
         return None
-    return ModelShape(num_layers=len(layers), num_heads=first.self_attn.num_heads,
-                      num_kv_heads=first.self_attn.num_key_value_heads,
-                      hidden_size=first.mlp.down_proj.out_features,
-                      intermediate_size=first.mlp.down_proj.in_features)
+    down: nn.Linear = mlp.down_proj
+    return ModelShape(num_layers=len(layers), num_heads=attn.num_heads, num_kv_heads=attn.num_key_value_heads,
+                      hidden_size=down.out_features, intermediate_size=down.in_features)
 
 
 @dataclass(kw_only=True)
@@ -95,14 +95,27 @@ class StepMonitor(Protocol):
     def observe(self, step: int, loss: float, grad_norm: float) -> list[dict[str, Any]]: ...
 
 
+class Pipeline(Protocol):
+    """A pipeline schedule as the trainer and the later stages see it (optimizers.pipeline.PipelineRunner)."""
+
+    modules: list[nn.Module]
+    """The chunks of blocks the schedule calls (FSDP shards each as a root)."""
+    blocks: list[int]
+    """The model's numbers of the blocks this rank keeps."""
+
+    def __call__(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of a batch; the batch's mean loss on every stage."""
+        ...
+
+
 @dataclass
 class TrainSetup:
     """Everything the trainer needs to run a step; switches edit it in `apply_all` order."""
 
     model: nn.Module
     """What the trainer calls: maybe compiled or DDP-wrapped."""
-    raw_model: nn.Module | None = None
-    """The plain model (state dicts, parameter counts); defaults to `model`."""
+    raw_model: nn.Module = field(init=False)
+    """The plain model (state dicts, parameter counts): `model` as the setup starts, before any wrapping."""
     optimizer: torch.optim.Optimizer | None = None
     scheduler: Any = None
     """A torch LR scheduler; `step_scheduler` knows whether it wants the loss (plateau)."""
@@ -125,9 +138,9 @@ class TrainSetup:
     mesh: Any = None
     """The device mesh of a sharded or model-parallel layout (a torch DeviceMesh with dims pp, dp,
     fsdp, tp); None for one process or plain data parallel (DDP)."""
-    pipeline: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-    """`pipeline(input_ids, labels) -> loss`: runs forward and backward of a batch through a pipeline
-    schedule (the trainer calls it instead of the model); the batch's mean loss on every stage."""
+    pipeline: Pipeline | None = None
+    """Runs forward and backward of a batch through a pipeline schedule (the trainer calls it instead
+    of the model)."""
     grad_norm_group: Any = None
     """The process group over which the gradient norm is completed (pipeline stages each hold
     their own blocks' gradients); None: this rank's gradients are the whole model's."""
@@ -138,8 +151,7 @@ class TrainSetup:
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.raw_model is None:
-            self.raw_model = self.model
+        self.raw_model = self.model
 
     def note(self, switch: str, message: str) -> None:
         """Record (and log) what a switch did, for the run record and the console."""

@@ -81,7 +81,8 @@ _FUSED = {"adamw", "sgd", "adagrad"}
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Decay matrices only: norms and biases (1-D) are not decayed, as in GPT/GLM training."""
     seen: set[int] = set()
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for p in model.parameters():
         if not p.requires_grad or id(p) in seen:
             continue

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import torch
 
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
-def is_dtensor(t: torch.Tensor) -> bool:
+
+def is_dtensor(t: torch.Tensor) -> TypeGuard[DTensor]:
     """A DTensor (sharded or split over ranks): none exists unless its module was imported, so a
     plain run never pays for importing it (about a second of every start)."""
     module = sys.modules.get("torch.distributed.tensor")
@@ -46,7 +49,7 @@ def _local_grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.nn.utils.get_total_norm(plain)
     meshes = {id(g.device_mesh) for g in split}
     if not plain and len(meshes) == 1:
-        return torch.nn.utils.get_total_norm(split).full_tensor()
+        return cast("DTensor", torch.nn.utils.get_total_norm(split)).full_tensor()  # DTensors in, DTensor out
     parts = [torch.linalg.vector_norm(g).full_tensor() for g in split]
     if plain:
         parts.append(torch.nn.utils.get_total_norm(plain))

@@ -73,8 +73,8 @@ class Trainer:
             data_cfg, batch_size=self._batch_size(), seed=train_cfg.seed, start_step=self.start_step,
             accumulation_steps=self.setup.accumulation_steps, rank=replica,
             world_size=replicas, loader_options=self.setup.loader_options)
-        self.flops_per_token = self.setup.raw_model.flops_per_token(data_cfg.seq_len)
-        self.attention_flops_per_token = self.setup.raw_model.attention_flops_per_token(data_cfg.seq_len)
+        self.flops_per_token = self.model.flops_per_token(data_cfg.seq_len)  # the setup's raw_model
+        self.attention_flops_per_token = self.model.attention_flops_per_token(data_cfg.seq_len)
 
     # -- hooks ------------------------------------------------------------------------------
     def _call(self, name: str, *args: Any) -> None:

@@ -207,7 +207,7 @@ def plan(cfg: RunConfig, nproc: int, *, capacity_bytes: int | None = None, advis
                   activations_by_checkpointing=by_ac, comm_bytes_per_step=comm, bubble=bubble,
                   capacity_bytes=capacity_bytes,
                   assumptions=_assumptions(lay, par, micro_batches_in_flight(par, lay.pp, m, stage), stage, amp))
-    if advise and result.fits is False:
+    if advise and capacity_bytes is not None and result.fits is False:
         result.advice = _advice(cfg, nproc, capacity_bytes)
     return result
 
