@@ -19,10 +19,10 @@ CELL_HEADERS = ["cell", "settings", "status", "tokens/s (low to high)", "peak me
 
 def _progress(run_id: str, job: jobs.Job) -> None:
     since = datetime.fromtimestamp(job.started, timezone.utc).isoformat(timespec="seconds")
-    made = [r for r in data.linked_runs(data.records(runs_dir), run_id) if str(r.get("created") or "") >= since]
+    made = [r for r in data.linked_runs(data.records(runs_dir), run_id) if str(r.created or "") >= since]
     state = "running" if job.running else "finished"
     st.markdown(f"**Verification {state}** (started {since}, pid {job.pid}): {len(made)} run(s) made so far"
-                + (f", the last {made[-1]['id']} ({made[-1]['status']})" if made else ""))
+                + (f", the last {made[-1].id} ({made[-1].status})" if made else ""))
     st.code(job.tail() or "(no output yet)", language="text")
 
 
@@ -122,7 +122,7 @@ if widgets.no_runs(runs_dir, runs):
     st.stop()
 verify_tab, sweeps_tab, tunes_tab = st.tabs(["Verify a run's recommendations", "Sweeps", "Tunes"])
 with verify_tab:
-    run_id = widgets.pick_run([str(r["id"]) for r in runs if r.get("status") != "corrupt"], label="Run", key="run")
+    run_id = widgets.pick_run([r.id for r in runs if r.status != "corrupt"], label="Run", key="run")
     if run_id is None:
         st.info("Every run here is corrupt: none has recommendations to show.")
     else:

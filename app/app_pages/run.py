@@ -76,8 +76,8 @@ def _show(view: data.RunView) -> None:
         return
     run = view.run
     st.header(run.id)
-    st.caption(f"{run.status} · name {run.record.get('name')} · created {run.record.get('created')}"
-               + (f" · ended {run.record['ended']}" if run.record.get("ended") else "") + f" · `{run.path}`")
+    st.caption(f"{run.status} · name {run.name} · created {run.created}"
+               + (f" · ended {run.ended_at}" if run.ended_at else "") + f" · `{run.path}`")
     widgets.run_state(view)
     _verdict(view)
     _recommendations(view)
@@ -92,7 +92,7 @@ st.title("Run")
 runs = data.records(runs_dir)
 if widgets.no_runs(runs_dir, runs):
     st.stop()
-run_id = widgets.pick_run([str(r["id"]) for r in runs], label="Run", key="run")
+run_id = widgets.pick_run([r.id for r in runs], label="Run", key="run")
 first = data.run_view(run_id, runs_dir)
 
 
