@@ -96,8 +96,8 @@ def _switches_changed(r: RunRecord) -> str:
 def _row(r: RunRecord) -> dict[str, Any]:
     summary = r.stored_summary or {}
     bottlenecks = r.diagnosis.get("bottlenecks") or []
-    row = {"run": r.id, "name": r.name or "", "status": r.status,
-           "created": pd.to_datetime(r.created, utc=True, errors="coerce"),
+    row: dict[str, Any] = {"run": r.id, "name": r.name or "", "status": r.status,
+           "created": pd.to_datetime(r.created or "", utc=True, errors="coerce"),
            "preset": str(lookup(r.config, "model.preset") or ""),
            "switches changed": _switches_changed(r) if r.config else ""}
     row |= {label: METRIC_BY_NAME[name].value(summary) for label, name in METRIC_COLUMNS.items()}
@@ -230,7 +230,7 @@ def _plan_stamps(runs_dir: Path, kind: str) -> tuple[tuple[str, int], ...]:
 
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
 def _sweeps(runs_dir: str, stamps: tuple[tuple[str, int], ...]) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for path, _ in stamps:
         try:
             _, sweep = report_sweep.read_sweep(Path(path).parent, Path(runs_dir))
@@ -264,7 +264,7 @@ def _tune_rows(record: dict[str, Any]) -> list[list[str]]:
 
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
 def _tunes(runs_dir: str, stamps: tuple[tuple[str, int], ...]) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for path, _ in stamps:
         try:
             record = experiment_records.read(Path(path).parent, "tune")

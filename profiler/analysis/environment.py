@@ -50,12 +50,12 @@ def _speedups(run: RunData) -> Figures:
                                             f"run.json shape_speedup.{kind} (the run's heaviest matmul shapes)")
         elif kind in peaks:
             out[f"{kind}_speedup"] = out[f"{kind}_peak_ratio"]
-    kind = run.peak.get("dtype")
-    if kind in ("fp32", "tf32"):
+    dtype = run.peak.get("dtype")
+    if dtype in ("fp32", "tf32"):
         out["run_dtype_speedup"] = Figure(1.0, "x", "the run's matmuls are fp32")
-    elif f"{kind}_speedup" in out:
-        speed, ratio = out[f"{kind}_speedup"], out.get(f"{kind}_peak_ratio")
-        emulated = kind == "bf16" and _native_bf16(run.environment) == 0.0
+    elif f"{dtype}_speedup" in out:
+        speed, ratio = out[f"{dtype}_speedup"], out.get(f"{dtype}_peak_ratio")
+        emulated = dtype == "bf16" and _native_bf16(run.environment) == 0.0
         if emulated and ratio is not None and ratio.value < speed.value:
             # every bf16 op is emulated here, backward and elementwise too, not only the forward matmuls
             # timed at the run's shapes (a tiny bf16 step ran 5x slower than fp32 where those timed 1.25x)

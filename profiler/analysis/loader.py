@@ -5,6 +5,9 @@ Everything that analyzes a run starts from `load_run`, which reads the run throu
 ops tables (compacted or, for a live or killed run, its flushed parts), the events and the ranks'
 own status records. A table that cannot be read is empty in the object and named in `problems`,
 so a damaged run is shown as `corrupt` with what is wrong, instead of as a healthy one.
+
+The loaded run reads run.json through `RunRecord`'s accessors and computes the steps as the summary
+counts them once (`merged_steps`, `steady_steps`), for the summary, the comparison and the figures alike.
 """
 
 from __future__ import annotations

@@ -56,7 +56,8 @@ def _attention(ops: pd.DataFrame) -> pd.Series:
     return ops["name"].str.match(ATTENTION) | (ops["name"].str.match(SOFTMAX) & four_d)
 
 
-_SHAPED = {"aten::mm": ("mm", (0, 1)), "aten::bmm": ("mm", (0, 1)), "aten::addmm": ("mm", (1, 2))}
+_SHAPED: dict[str, tuple[str, tuple[int, ...]]] = {
+    "aten::mm": ("mm", (0, 1)), "aten::bmm": ("mm", (0, 1)), "aten::addmm": ("mm", (1, 2))}
 """Matmuls whose operand shapes the ops table records, and which inputs are the operands."""
 SDPA_FORWARD = re.compile(r"^aten::_scaled_dot_product_\w*attention\w*$")
 """Fused attention forwards (flash, efficient, cudnn; the CPU flash kernel): inputs q, k, v first."""

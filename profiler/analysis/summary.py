@@ -3,8 +3,8 @@ communication and I/O, computed from a loaded run by pure functions.
 
 `finalize` stores `summarize(load_run(dir))`; running it again on the same files gives the same
 dict, so any stored run can be re-summarized (or summarized while it runs, or after a kill)
-without the orchestrator. Keys: docs/run-format.md. Steps are merged across ranks and reduced to
-the steady state first (profiler.analysis.steps).
+without the orchestrator. Keys: docs/run-format.md. Steps are the loaded run's steady view
+(`RunData.steady_steps`: merged across ranks, then reduced to the steady state, profiler.analysis.steps).
 """
 
 from __future__ import annotations
