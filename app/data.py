@@ -22,7 +22,7 @@ import streamlit as st
 
 from optimizers.config import ConfigError
 from profiler import settings, store, text
-from profiler.analysis import RunData, load_run, summary_of
+from profiler.analysis import RunData, RunRecord, load_run, summary_of
 from profiler.experiments import records as experiment_records
 from profiler.experiments import tune
 from profiler.metrics import METRIC_BY_NAME, lookup
@@ -79,48 +79,49 @@ def _live_summary(path: str, run_stamp: tuple[int, ...]) -> dict[str, Any]:
         return {}
 
 
-def records(runs_dir: Path) -> list[dict[str, Any]]:
-    """Every run's record (`store.list_runs`: newest first, corrupt ones with their `problems`)."""
-    return _records(str(runs_dir), _stamps(runs_dir))
+def records(runs_dir: Path) -> list[RunRecord]:
+    """Every run's record (`store.list_runs`: newest first, corrupt ones with status `corrupt` and their
+    `problems`)."""
+    return [RunRecord(Path(r["path"]), r) for r in _records(str(runs_dir), _stamps(runs_dir))]
 
 
-def _switches_changed(record: dict[str, Any]) -> str:
+def _switches_changed(r: RunRecord) -> str:
     try:
-        changed = report_run.preset_changes(record.get("config") or {}, int(record.get("world_size") or 1))
+        changed = report_run.preset_changes(r.config, r.world_size)
     except ConfigError:
         return "preset not known"
     return ", ".join(c for c in changed if c.startswith("switches.")) or "none"
 
 
-def _row(r: dict[str, Any]) -> dict[str, Any]:
-    summary = r.get("summary") or {}
-    bottlenecks = (r.get("diagnosis") or {}).get("bottlenecks") or []
-    row = {"run": r.get("id"), "name": r.get("name", ""), "status": r.get("status"),
-           "created": pd.to_datetime(r.get("created"), utc=True, errors="coerce"),
-           "preset": str(lookup(r.get("config") or {}, "model.preset") or ""),
-           "switches changed": _switches_changed(r) if r.get("config") else ""}
+def _row(r: RunRecord) -> dict[str, Any]:
+    summary = r.stored_summary or {}
+    bottlenecks = r.diagnosis.get("bottlenecks") or []
+    row: dict[str, Any] = {"run": r.id, "name": r.name or "", "status": r.status,
+           "created": pd.to_datetime(r.created or "", utc=True, errors="coerce"),
+           "preset": str(lookup(r.config, "model.preset") or ""),
+           "switches changed": _switches_changed(r) if r.config else ""}
     row |= {label: METRIC_BY_NAME[name].value(summary) for label, name in METRIC_COLUMNS.items()}
     row["top bottleneck"] = bottlenecks[0]["kind"] if bottlenecks else ""
-    row["note"] = "; ".join(r.get("problems") or []) or str(r.get("error") or "")
-    row["open"] = f"run?run={r.get('id')}"
+    row["note"] = "; ".join(r.record.get("problems") or []) or str(r.error or "")  # problems: the listing's own
+    row["open"] = f"run?run={r.id}"
     return row
 
 
-def runs_table(runs: Sequence[dict[str, Any]]) -> pd.DataFrame:
+def runs_table(runs: Sequence[RunRecord]) -> pd.DataFrame:
     """One row per run: what the Runs page lists (metrics in their registry units, NaN when not measured)."""
     return pd.DataFrame([_row(r) for r in runs], columns=["run", "name", "status", "created", "preset",
                                                         "switches changed", *METRIC_COLUMNS, "top bottleneck",
                                                         "note", "open"])
 
 
-def completed_ids(runs: Sequence[dict[str, Any]]) -> list[str]:
+def completed_ids(runs: Sequence[RunRecord]) -> list[str]:
     """The runs a comparison or a verification can use, newest first."""
-    return [str(r["id"]) for r in runs if r.get("status") == "completed"]
+    return [r.id for r in runs if r.status == "completed"]
 
 
-def linked_runs(runs: Sequence[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+def linked_runs(runs: Sequence[RunRecord], run_id: str) -> list[RunRecord]:
     """The runs made to verify `run_id` (run.json `verifies.run`), oldest first."""
-    return [r for r in reversed(runs) if (r.get("verifies") or {}).get("run") == run_id]
+    return [r for r in reversed(runs) if r.verifies.get("run") == run_id]
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ class RunView:
 
     @property
     def verification(self) -> dict[str, Any] | None:
-        return (self.run.record.get("diagnosis") or {}).get("verification") if self.run is not None else None
+        return self.run.verification if self.run is not None else None
 
 
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
@@ -153,9 +154,8 @@ def _run_view(path: str, run_stamp: tuple[int, ...]) -> RunView:
         return RunView(Path(path), error=f"run {run.id} is corrupt: {'; '.join(run.problems)}", run=run)
     summary = summary_of(run)
     diagnosis = report_run.diagnosis_of(run, summary)
-    verification = (run.record.get("diagnosis") or {}).get("verification")
     return RunView(Path(path), run=run, summary=summary, diagnosis=diagnosis,
-                   figures=report_run.run_figures(run, summary, diagnosis, verification))
+                   figures=report_run.run_figures(run, summary, diagnosis, run.verification))
 
 
 def run_view(run_id: str, runs_dir: Path) -> RunView:
@@ -230,7 +230,7 @@ def _plan_stamps(runs_dir: Path, kind: str) -> tuple[tuple[str, int], ...]:
 
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
 def _sweeps(runs_dir: str, stamps: tuple[tuple[str, int], ...]) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for path, _ in stamps:
         try:
             _, sweep = report_sweep.read_sweep(Path(path).parent, Path(runs_dir))
@@ -264,7 +264,7 @@ def _tune_rows(record: dict[str, Any]) -> list[list[str]]:
 
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
 def _tunes(runs_dir: str, stamps: tuple[tuple[str, int], ...]) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for path, _ in stamps:
         try:
             record = experiment_records.read(Path(path).parent, "tune")

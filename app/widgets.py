@@ -11,11 +11,12 @@ import pandas as pd
 import streamlit as st
 
 from app import data
+from profiler.analysis import RunRecord
 from reports.plotting import caption
 from reports.report_run import BANNERS
 
 
-def no_runs(runs_dir: Path, runs: Sequence[dict[str, Any]]) -> bool:
+def no_runs(runs_dir: Path, runs: Sequence[RunRecord]) -> bool:
     """Say so when there is nothing to show (no runs directory, or no run in it); True then."""
     if not runs_dir.is_dir():
         st.info(f"No runs directory at `{runs_dir}` yet. `profile-run --preset tiny --runs-dir {runs_dir}` makes "
@@ -37,7 +38,7 @@ def run_state(view: data.RunView) -> None:
     text, bad = BANNERS[run.status]
     text = (f"This run is still running: {total} step(s) flushed so far. This page refreshes as more come."
             if run.status == "running" else text.format(total=total, id=run.id))
-    error = run.record.get("error")
+    error = run.error
     (st.error if bad or run.status == "failed" else st.warning)(text + (f"\n\nError: `{error}`" if error else ""))
 
 

@@ -12,10 +12,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from profiler.analysis import RunData
-from profiler.analysis.stability import OUTLIER_FACTOR, OUTLIER_WINDOW
+from profiler.analysis import OUTLIER_FACTOR, RunData, grad_norm_outliers
 from profiler.settings import settings_text
-from reports.figures_run import merged_steps
 from reports.plotting import VERDICT_COLORS, figure, safe, with_caption
 
 EVENT_MARKS = {"loss_spike": ("loss spike", "triangle-up"), "loss_plateau": ("loss plateau", "line-ew-open"),
@@ -27,7 +25,7 @@ JUDGED = {"tokens_per_s": ("tokens_per_s", "tokens/s"), "peak_memory": ("peak_me
 def stability(run: RunData) -> go.Figure | None:
     """Loss and grad norm of every step, with spikes, plateaus, NaN/Inf, skipped steps and grad-norm
     outliers marked where they happened."""
-    merged = merged_steps(run)
+    merged = run.merged_steps
     if merged.empty:
         return None
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
@@ -37,9 +35,7 @@ def stability(run: RunData) -> go.Figure | None:
     norms = run.steps.groupby("step")["grad_norm"].max()
     fig.add_scatter(x=norms.index, y=norms, mode="lines+markers", name="grad norm", marker={"size": 4}, row=2, col=1,
                     hovertemplate="step %{x}: grad norm %{y:.3f}<extra></extra>")
-    finite = norms[norms.map(math.isfinite)]
-    before = finite.rolling(OUTLIER_WINDOW, min_periods=OUTLIER_WINDOW // 4).median().shift(1)
-    outliers = finite[finite > OUTLIER_FACTOR * before]
+    outliers = grad_norm_outliers(run)
     if len(outliers):
         fig.add_scatter(x=outliers.index, y=outliers, mode="markers", name=f"grad norm > {OUTLIER_FACTOR:g}x recent",
                         marker={"symbol": "circle-open", "size": 12, "color": "#d62728"}, row=2, col=1)

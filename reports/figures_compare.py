@@ -15,7 +15,6 @@ import plotly.graph_objects as go
 from profiler.analysis import RunData
 from profiler.compare.runs import Comparison
 from profiler.metrics import METRIC_BY_NAME
-from reports.figures_run import merged_steps
 from reports.plotting import PHASE_COLORS, SIDE_COLORS, VERDICT_COLORS, figure, safe
 
 
@@ -56,7 +55,7 @@ def metric_deltas(c: Comparison) -> go.Figure | None:
 
 
 def _steady_ms(runs: Sequence[RunData]) -> np.ndarray:
-    frames = [m[m["counted"]]["step_s"] for m in map(merged_steps, runs) if not m.empty]
+    frames = [r.steady_steps["step_s"] for r in runs if not r.merged_steps.empty]
     return 1e3 * pd.concat(frames).to_numpy() if frames else np.array([])
 
 

@@ -16,9 +16,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from profiler.analysis import RunData, operators
-from profiler.analysis.comm import collectives_by_rank
-from profiler.analysis.environment import HARMLESS_REASONS
+from profiler import analysis
+from profiler.analysis import HARMLESS_REASONS, RunData, collectives_by_rank
 from profiler.metrics import METRIC_BY_NAME
 from reports.plotting import axis, figure, with_caption
 
@@ -88,7 +87,7 @@ def device_samples(run: RunData) -> go.Figure | None:
                         text=reasons, row=len(titles), col=1, hovertemplate="%{text} at step %{x:.1f}<extra></extra>")
     fig.update_xaxes(title_text="step", row=len(titles), col=1)
     source = "NVML, per GPU" if nvml else "psutil: the process and its loader workers (no NVML on this run)"
-    hz = (run.record.get("sampling") or {}).get("hz")
+    hz = run.sampling.get("hz")
     return with_caption(fig, "Device samples", f"The sampler's readings ({source}, {hz} Hz) placed on the step "
                         "they were taken in.", height=180 * len(titles) + 80)
 
@@ -171,10 +170,10 @@ def collectives(summary: Mapping[str, Any]) -> go.Figure | None:
 
 def top_operators(run: RunData, n: int = 12) -> go.Figure | None:
     """The heaviest aten operators of the profiled steps, by self time."""
-    ops = operators.top_operators(run, n)
+    ops = analysis.top_operators(run, n)
     if ops.empty:
         return None
-    where = "device" if str((run.record.get("environment") or {}).get("device", "")).startswith("cuda") else "CPU"
+    where = "device" if run.on_cuda else "CPU"
     ops = ops.iloc[::-1]
     fig = figure("Top operators", f"The {len(ops)} aten operators with the most self {where} time a profiled step "
                  "(torch.profiler window), with their share of all operator time.",

@@ -1,9 +1,9 @@
 """Figures of one run's time, speed and memory: stored run in, plotly figure out (None when the run
 has nothing to show for it).
 
-Steps are what the summary counts (profiler.analysis.steps): ranks merged into the slowest rank's
-row, then warmup, compile and profiled steps marked as left out, so a figure and the summary table
-agree.
+Steps are the loaded run's views (`RunData.merged_steps`: ranks merged into the slowest rank's row;
+`RunData.steady_steps`: what the summary counts), with warmup, compile and profiled steps marked as
+left out, so a figure and the summary table agree.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from profiler.analysis import RunData
-from profiler.analysis.memory import capacity
-from profiler.analysis.steps import merge_ranks, steady_steps
+from profiler.analysis import RunData, capacity
 from profiler.metrics import METRIC_BY_NAME, PHASES
 from reports.plotting import PHASE_COLORS, axis, figure, with_caption
 
@@ -26,19 +24,9 @@ OFF_SCALE = 4.0
 """A capacity this many times the peak is stated, not drawn."""
 
 
-def merged_steps(run: RunData) -> pd.DataFrame:
-    """One row per step (the slowest rank's), with `counted`: whether the summary counts it."""
-    merged, _, _ = merge_ranks(run.steps, run.world_size)
-    if merged.empty:
-        return merged
-    warmup = int((run.config.get("profile") or {}).get("warmup_steps", 0))
-    steady, _ = steady_steps(merged, warmup)
-    return merged.assign(counted=merged.index.isin(steady.index))
-
-
-def _excluded(run: RunData, merged: pd.DataFrame) -> dict[str, pd.Index]:
+def _excluded(run: RunData) -> dict[str, pd.Index]:
     """The steps left out of the summary, by why."""
-    warmup = int((run.config.get("profile") or {}).get("warmup_steps", 0))
+    merged, warmup = run.merged_steps, run.warmup_steps
     out = {f"warmup (first {warmup})": merged.index[merged.index < merged.index.min() + warmup]}
     for column, label in (("warmup", "compile"), ("profiled", "profiled (torch.profiler window)")):
         if column in merged:
@@ -49,15 +37,14 @@ def _excluded(run: RunData, merged: pd.DataFrame) -> dict[str, pd.Index]:
 def step_breakdown(run: RunData, summary: Mapping[str, Any]) -> go.Figure | None:
     """Mean ms a step in each phase, stacked: the summary's critical path and, with several ranks, each
     rank's own counted steps."""
-    merged = merged_steps(run)
-    if merged.empty or not summary.get("steps_counted"):
+    if run.merged_steps.empty or not summary.get("steps_counted"):
         return None
     mean_ms = 1e3 * float((summary.get("step_time_s") or {}).get("mean", 0.0))
     shares = summary.get("phase_share") or {}
     bars: dict[str, dict[str, float]] = {"step (slowest rank)" if run.world_size > 1 else "mean step":
                                          {p.name: mean_ms * float(shares.get(p.name, 0.0)) for p in PHASES}}
     if run.world_size > 1:
-        counted = run.steps[run.steps["step"].isin(merged.index[merged["counted"]])]
+        counted = run.steps[run.steps["step"].isin(run.steady_steps.index)]
         for rank, rows in counted.groupby("rank"):
             bars[f"rank {int(rank)}"] = {p.name: 1e3 * float(rows[p.column].mean()) for p in PHASES if p.column in rows}
     fig = figure("Step-time breakdown", "Where a counted step's time goes, phase by phase (mean ms a step); "
@@ -71,7 +58,7 @@ def step_breakdown(run: RunData, summary: Mapping[str, Any]) -> go.Figure | None
 
 def step_times(run: RunData) -> go.Figure | None:
     """Each step's time over the run, per rank, with the steps the summary leaves out marked."""
-    merged = merged_steps(run)
+    merged = run.merged_steps
     if merged.empty:
         return None
     fig = figure("Step time over the run", "Every step's time (per rank when several); warmup, compile and "
@@ -80,7 +67,7 @@ def step_times(run: RunData) -> go.Figure | None:
     for rank, rows in run.steps.sort_values("step").groupby("rank"):
         fig.add_scatter(x=rows["step"], y=rows["step_s"] * 1e3, mode="lines+markers", name=f"rank {int(rank)}",
                         marker={"size": 4}, hovertemplate="step %{x}: %{y:.1f} ms<extra></extra>")
-    for (label, steps), symbol in zip(_excluded(run, merged).items(), ("x", "diamond-open", "square-open"),
+    for (label, steps), symbol in zip(_excluded(run).items(), ("x", "diamond-open", "square-open"),
                                       strict=False):
         fig.add_scatter(x=list(steps), y=merged.loc[steps, "step_s"] * 1e3, mode="markers", name=label,
                         marker={"symbol": symbol, "size": 10, "color": "#d62728"},
@@ -90,7 +77,7 @@ def step_times(run: RunData) -> go.Figure | None:
 
 def throughput(run: RunData, summary: Mapping[str, Any]) -> go.Figure | None:
     """Tokens/s of each step (all ranks) and its MFU, with the run's figures as lines."""
-    merged = merged_steps(run)
+    merged = run.merged_steps
     if merged.empty:
         return None
     tps, mfu = METRIC_BY_NAME["tokens_per_s"], METRIC_BY_NAME["mfu"]
@@ -114,7 +101,7 @@ def throughput(run: RunData, summary: Mapping[str, Any]) -> go.Figure | None:
 
 def memory(run: RunData) -> go.Figure | None:
     """Each step's peak memory per rank against the capacity the run must fit in."""
-    merged, _, source = merge_ranks(run.steps, run.world_size)
+    merged, source = run.merged_steps, run.memory_source
     if merged.empty or merged["peak_memory_bytes"].isna().all():
         return None
     cap, cap_source = capacity(run)

@@ -35,9 +35,8 @@ BANNERS = {
 
 def diagnosis_of(run: RunData, summary: Mapping[str, Any]) -> dict[str, Any]:
     """The run's stored diagnosis (what profile-run printed), else one computed now, else none."""
-    stored = run.record.get("diagnosis")
-    if stored:
-        return dict(stored)
+    if run.diagnosis:
+        return dict(run.diagnosis)
     if not summary.get("steps_counted"):
         return {}
     from profiler.advice.recommend import advise  # imports torch: only for runs stored without a diagnosis
@@ -68,8 +67,7 @@ def changed_from_preset(run: RunData) -> str:
 
 
 def what_ran(run: RunData, summary: Mapping[str, Any]) -> list[tuple[str, str]]:
-    env = run.record.get("environment") or {}
-    sampling = run.record.get("sampling") or {}
+    env, sampling = run.environment, run.sampling
     versions = f"torch {env.get('torch')}, CUDA {env.get('cuda') or 'none'}, Python {env.get('python')}"
     return [
         ("status", f"{run.status}: {summary.get('steps_counted', 0)} of {summary.get('steps_total', 0)} "
@@ -79,7 +77,7 @@ def what_ran(run: RunData, summary: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("device", f"{env.get('device_name')} ({env.get('device')}), {run.world_size} rank(s)"),
         ("versions", versions),
         ("sampling", f"{sampling.get('source')} at {sampling.get('hz')} Hz ({sampling.get('why') or 'NVML'})"),
-        ("switches applied", ", ".join(map(str, run.record.get("switches_applied") or [])) or "none (the defaults)"),
+        ("switches applied", ", ".join(map(str, run.switches_applied)) or "none (the defaults)"),
     ]
 
 
@@ -125,7 +123,7 @@ def run_tables(run: RunData, diagnosis: Mapping[str, Any], verification: Mapping
         "excluded": [[settings_text(e["set"]), e["reason"]] for e in diagnosis.get("excluded") or []],
         "ranks": [[r.get("rank"), r.get("status"), r.get("host"), r.get("pid"), r.get("error") or ""]
                   for r in run.ranks],
-        "environment": [(k, str(v)) for k, v in flatten(run.record.get("environment") or {}).items()],
+        "environment": [(k, str(v)) for k, v in flatten(run.environment).items()],
         "config": [(k, str(v)) for k, v in flatten(run.config).items()],
     }
 
@@ -157,13 +155,13 @@ def run_report(run: RunData) -> str:
     """The HTML report of a stored run (any status a run can be read in)."""
     summary = summary_of(run)
     diagnosis = diagnosis_of(run, summary)
-    verification = (run.record.get("diagnosis") or {}).get("verification")
+    verification = run.verification
     shown, missing = html.sections(run_figures(run, summary, diagnosis, verification))
     banner = BANNERS.get(run.status)
     return html.render(
         "run.html", title=f"glmperf: run {run.id}", sections=shown, missing=missing,
-        run={"id": run.id, "name": run.record.get("name"), "status": run.status, "path": str(run.path),
-             "created": run.record.get("created"), "ended": run.record.get("ended"), "error": run.record.get("error")},
+        run={"id": run.id, "name": run.name, "status": run.status, "path": str(run.path),
+             "created": run.created, "ended": run.ended_at, "error": run.error},
         banner={"text": banner[0].format(total=summary.get("steps_total", 0), id=run.id), "bad": banner[1]}
         if banner else None,
         what_ran=what_ran(run, summary), verdict=verdict_of(diagnosis, verification),

@@ -155,3 +155,25 @@ def test_a_grad_norm_spike_is_an_outlier_and_early_trainings_fall_is_not(complet
     assert stability.analyze(dataclasses.replace(run, steps=steps), {})["grad_norm_outliers"].value == 0
     spiked = steps.assign(grad_norm=[1.0] * 6 + [50.0, 1.0])
     assert stability.analyze(dataclasses.replace(run, steps=spiked), {})["grad_norm_outliers"].value == 1
+
+
+def test_a_config_without_a_profile_setting_reads_profile_configs_default(completed_run: Path) -> None:
+    from profiler.analysis import RunRecord
+    from profiler.settings import ProfileConfig
+
+    imported = RunRecord(completed_run, {"source": "import", "config": {}})  # what glmperf import stores
+    assert imported.warmup_steps == ProfileConfig().warmup_steps
+    assert imported.memory_budget_gb == ProfileConfig().memory_budget_gb
+    assert imported.device == "cpu" and not imported.on_cuda and imported.world_size == 1
+    assert imported.diagnosis == {} and imported.verification is None and imported.stored_summary is None
+    assert load_run(completed_run).warmup_steps == 1  # the stored config's own (tests.conftest.TINY)
+
+
+def test_the_cached_steady_steps_are_what_the_summary_counts(completed_run: Path) -> None:
+    run = load_run(completed_run)
+    assert run.steady_steps is run.steady_steps  # computed once per loaded run
+    summary = summarize(run)
+    assert len(run.steady_steps) == summary["steps_counted"] > 0
+    assert len(run.merged_steps) == summary["steps_total"]
+    assert run.steady_steps.index.min() >= run.merged_steps.index.min() + run.warmup_steps
+    assert float(run.steady_steps["step_s"].max()) == summary["step_time_s"]["max"]

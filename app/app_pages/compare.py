@@ -32,10 +32,10 @@ if not base or not cand:
     st.stop()
 
 view = data.compare_view(runs_dir, base, cand)
-if view.error:
+c = view.comparison
+if view.error or c is None:
     st.error(f"Cannot compare: {view.error}")
     st.stop()
-c = view.comparison
 (st.error if c.failures else st.success)(f"Verdict: {c.verdict}. {headline(c)}")
 st.caption(f"loss parity: {c.parity.verdict}: {c.parity.reason}")
 for line in filter(None, [c.across_devices, *c.notes]):

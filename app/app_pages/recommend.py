@@ -19,16 +19,17 @@ CELL_HEADERS = ["cell", "settings", "status", "tokens/s (low to high)", "peak me
 
 def _progress(run_id: str, job: jobs.Job) -> None:
     since = datetime.fromtimestamp(job.started, timezone.utc).isoformat(timespec="seconds")
-    made = [r for r in data.linked_runs(data.records(runs_dir), run_id) if str(r.get("created") or "") >= since]
+    made = [r for r in data.linked_runs(data.records(runs_dir), run_id) if str(r.created or "") >= since]
     state = "running" if job.running else "finished"
     st.markdown(f"**Verification {state}** (started {since}, pid {job.pid}): {len(made)} run(s) made so far"
-                + (f", the last {made[-1]['id']} ({made[-1]['status']})" if made else ""))
+                + (f", the last {made[-1].id} ({made[-1].status})" if made else ""))
     st.code(job.tail() or "(no output yet)", language="text")
 
 
 def _verify(run_id: str) -> None:
     view = data.run_view(run_id, runs_dir)
-    if view.error:
+    run = view.run
+    if view.error or run is None:
         st.error(view.error)
         return
     widgets.run_state(view)
@@ -37,7 +38,7 @@ def _verify(run_id: str) -> None:
         st.info("No recommendation to verify: nothing in the catalog addresses what was found in this run."
                 if view.diagnosis else "Not diagnosed: the run has no counted step.")
         return
-    tables = run_tables(view.run, view.diagnosis, view.verification)
+    tables = run_tables(run, view.diagnosis, view.verification)
     widgets.figures([f for f in view.figures if f[0] == "Recommendations"], key="recommend")
     st.caption(tables["verification"] or "Not verified yet: start a verification below.")
     widgets.table(tables["recommendations"], REC_HEADERS)
@@ -48,7 +49,7 @@ def _verify(run_id: str) -> None:
     repeats = b.number_input("Repeats of each side", 1, 10, 3, key="repeats")
     steps = c.number_input("Steps a run (0: the run's own)", 0, 100_000, 0, key="steps")
     busy = job is not None and job.running
-    if st.button("Verify by rerunning", disabled=busy or view.run.status != "completed", key="verify",
+    if st.button("Verify by rerunning", disabled=busy or run.status != "completed", key="verify",
                  help="Runs `glmperf recommend RUN --verify` in the background: a fresh baseline and each change, "
                       "interleaved; the verdicts land above."):
         job = jobs.start(run_id, runs_dir, top=int(top), repeats=int(repeats), steps=int(steps) or None)
@@ -122,7 +123,7 @@ if widgets.no_runs(runs_dir, runs):
     st.stop()
 verify_tab, sweeps_tab, tunes_tab = st.tabs(["Verify a run's recommendations", "Sweeps", "Tunes"])
 with verify_tab:
-    run_id = widgets.pick_run([str(r["id"]) for r in runs if r.get("status") != "corrupt"], label="Run", key="run")
+    run_id = widgets.pick_run([r.id for r in runs if r.status != "corrupt"], label="Run", key="run")
     if run_id is None:
         st.info("Every run here is corrupt: none has recommendations to show.")
     else:

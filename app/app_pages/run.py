@@ -3,10 +3,13 @@ report's figures and tables, and downloads; a running run refreshes itself as it
 
 from __future__ import annotations
 
+import functools
+
 import streamlit as st
 
 from app import data, widgets
 from profiler import text
+from profiler.analysis import RunData
 from profiler.metrics import METRIC_BY_NAME
 from profiler.settings import settings_text
 from reports import report_run
@@ -27,7 +30,7 @@ def _verdict(view: data.RunView) -> None:
         col.metric(METRIC_BY_NAME[name].label, data.fmt_metric(name, view.summary))
 
 
-def _recommendations(view: data.RunView) -> None:
+def _recommendations(view: data.RunView, run: RunData) -> None:
     recs = view.diagnosis.get("recommendations") or []
     st.subheader("Recommendations")
     if not recs:
@@ -39,22 +42,20 @@ def _recommendations(view: data.RunView) -> None:
                     f"expected: {text.expected_text(rec)}  \n"
                     f"verified: {report_run.verified_text(verified(rec, view.verification))}")
         st.code(rec["command"], language="bash")
-    st.page_link("app_pages/recommend.py", label="Verify these by rerunning", query_params={"run": view.run.id})
+    st.page_link("app_pages/recommend.py", label="Verify these by rerunning", query_params={"run": run.id})
 
 
-def _downloads(view: data.RunView) -> None:
-    run = view.run
+def _downloads(run: RunData) -> None:
     traces = data.trace_paths(run.path)
     cols = st.columns(1 + len(traces))
     cols[0].download_button("HTML report", lambda: data.report_html(run.path), file_name=f"{run.id}-report.html",
                             mime="text/html", on_click="ignore")
     for col, path in zip(cols[1:], traces, strict=True):
-        col.download_button(f"trace {path.name}", lambda p=path: data.file_bytes(p), file_name=f"{run.id}-{path.name}",
-                            mime="application/gzip", on_click="ignore")
+        col.download_button(f"trace {path.name}", functools.partial(data.file_bytes, path),
+                            file_name=f"{run.id}-{path.name}", mime="application/gzip", on_click="ignore")
 
 
-def _tables(view: data.RunView) -> None:
-    run = view.run
+def _tables(view: data.RunView, run: RunData) -> None:
     tables = report_run.run_tables(run, view.diagnosis, view.verification)
     with st.expander("Summary and what ran"):
         widgets.table(text.summary_rows(run.record, view.summary, run.status), ["figure", "value"])
@@ -71,20 +72,20 @@ def _tables(view: data.RunView) -> None:
 
 
 def _show(view: data.RunView) -> None:
-    if view.error:
+    run = view.run
+    if view.error or run is None:
         st.error(view.error)
         return
-    run = view.run
     st.header(run.id)
-    st.caption(f"{run.status} · name {run.record.get('name')} · created {run.record.get('created')}"
-               + (f" · ended {run.record['ended']}" if run.record.get("ended") else "") + f" · `{run.path}`")
+    st.caption(f"{run.status} · name {run.name} · created {run.created}"
+               + (f" · ended {run.ended_at}" if run.ended_at else "") + f" · `{run.path}`")
     widgets.run_state(view)
     _verdict(view)
-    _recommendations(view)
-    _downloads(view)
+    _recommendations(view, run)
+    _downloads(run)
     st.subheader("Figures")
     widgets.figures(view.figures, key="run")
-    _tables(view)
+    _tables(view, run)
 
 
 runs_dir = data.runs_dir()
@@ -92,18 +93,20 @@ st.title("Run")
 runs = data.records(runs_dir)
 if widgets.no_runs(runs_dir, runs):
     st.stop()
-run_id = widgets.pick_run([str(r["id"]) for r in runs], label="Run", key="run")
+run_id = widgets.pick_run([r.id for r in runs], label="Run", key="run")
+if run_id is None:
+    st.stop()
 first = data.run_view(run_id, runs_dir)
 
 
 if first.status == "running":
     @st.fragment(run_every=REFRESH_S)
-    def live() -> None:  # the page's body, read again every REFRESH_S while the run runs
+    def live(run_id: str) -> None:  # the page's body, read again every REFRESH_S while the run runs
         view = data.run_view(run_id, runs_dir)
         if view.status != first.status:
             st.rerun()  # it ended (or was killed): the whole page, which stops refreshing
         _show(view)
 
-    live()
+    live(run_id)
 else:
     _show(first)

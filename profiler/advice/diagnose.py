@@ -298,7 +298,7 @@ def verdict(found: list[Finding], figures: Figures) -> str:
         top = found[0]
         return f"{top.kind}: {top.message}"
     shares = {p.name: v(figures, f"share.{p.name}") for p in PHASES}
-    biggest = max((p for p in shares if not math.isnan(shares[p])), key=shares.get, default=None)
+    biggest = max((p for p in shares if not math.isnan(shares[p])), key=lambda p: shares[p], default=None)
     if biggest is None:
         return "no bottleneck found (too few steps were measured to say where the time goes)"
     return f"no bottleneck found: the biggest phase is {biggest} ({shares[biggest]:.0f}% of the step)"

@@ -32,9 +32,8 @@ from optimizers.facts import Effect
 from optimizers.vocabulary import Bottleneck, Capability
 from profiler.advice.diagnose import LOW_PRECISION_SPEEDUP, diagnose, host_bound, v
 from profiler.advice.plan import plan
-from profiler.analysis import analyze
+from profiler.analysis import RunData, analyze
 from profiler.analysis.figures import Figures, known
-from profiler.analysis.loader import RunData
 from profiler.config import build_run_config, load_config
 from profiler.metrics import PHASE_NAMES, lookup
 from profiler.settings import override_texts
@@ -47,7 +46,7 @@ NO_SPEED_METRIC = {Bottleneck.UNSTABLE}
 
 def capabilities(run: RunData, figures: Figures) -> dict[Capability, tuple[bool, str]]:
     """Whether the run has each capability, and the evidence, decided from what was measured."""
-    cuda = str((run.record.get("environment") or {}).get("device", "cpu")).startswith("cuda")
+    cuda = run.on_cuda
     bf16, fp16 = v(figures, "bf16_speedup"), v(figures, "fp16_speedup")
     cores, demand = v(figures, "cores"), v(figures, "thread_demand")
     fast_bf16 = v(figures, "native_bf16") == 1.0 and bf16 >= LOW_PRECISION_SPEEDUP
@@ -248,7 +247,7 @@ def _exclusion(opt: Optimization, candidate: Candidate, cfg: Any, run: RunData,
     missing = [f"{c} ({caps[c][1]})" for c in candidate.requires if c not in SOFT and not caps[c][0]]
     if missing:
         return "needs " + ", ".join(missing)
-    if str(lookup(run.record, "environment.device") or "cpu").startswith("cuda") and not torch.cuda.is_available():
+    if run.on_cuda and not torch.cuda.is_available():
         return None  # the catalog's checks judge the run's own device, which this machine lacks
     try:
         load_config(base=run.config, overrides=override_texts(settings), nproc=run.world_size)

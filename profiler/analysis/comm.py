@@ -15,7 +15,7 @@ On CUDA the GPU's figures (analysis.gpu_trace) give the totals; the kinds are ad
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from statistics import fmean
 from typing import Any
 
@@ -46,7 +46,7 @@ def _sum(kinds: Mapping[str, Mapping[str, float]], field: str) -> float:
     return sum(num(k.get(field)) for k in kinds.values() if not math.isnan(num(k.get(field))))
 
 
-def _traced(ranks: list[Mapping[str, Any]], totals: bool) -> Figures:
+def _traced(ranks: Sequence[Mapping[str, Any]], totals: bool) -> Figures:
     out: Figures = {}
     names = sorted({kind for r in ranks for kind in r["kinds"]})
     for kind in names:

@@ -39,8 +39,7 @@ def _native_bf16(env: Mapping[str, Any]) -> float:
 def _speedups(run: RunData) -> Figures:
     """bf16/fp16 over fp32: at the run's own matmul shapes when measured (run.json `shape_speedup`,
     what a switch would give this model), else the device's peak ratio on big squares."""
-    peaks = run.record.get("matmul_peaks") or {}
-    at_shapes = run.record.get("shape_speedup") or {}
+    peaks, at_shapes = run.matmul_peaks, run.shape_speedup
     base = num(peaks.get("tf32", peaks.get("fp32")))
     out: Figures = {}
     for kind in ("bf16", "fp16"):
@@ -51,12 +50,12 @@ def _speedups(run: RunData) -> Figures:
                                             f"run.json shape_speedup.{kind} (the run's heaviest matmul shapes)")
         elif kind in peaks:
             out[f"{kind}_speedup"] = out[f"{kind}_peak_ratio"]
-    kind = (run.record.get("peak") or {}).get("dtype")
-    if kind in ("fp32", "tf32"):
+    dtype = run.peak.get("dtype")
+    if dtype in ("fp32", "tf32"):
         out["run_dtype_speedup"] = Figure(1.0, "x", "the run's matmuls are fp32")
-    elif f"{kind}_speedup" in out:
-        speed, ratio = out[f"{kind}_speedup"], out.get(f"{kind}_peak_ratio")
-        emulated = kind == "bf16" and _native_bf16(run.record.get("environment") or {}) == 0.0
+    elif f"{dtype}_speedup" in out:
+        speed, ratio = out[f"{dtype}_speedup"], out.get(f"{dtype}_peak_ratio")
+        emulated = dtype == "bf16" and _native_bf16(run.environment) == 0.0
         if emulated and ratio is not None and ratio.value < speed.value:
             # every bf16 op is emulated here, backward and elementwise too, not only the forward matmuls
             # timed at the run's shapes (a tiny bf16 step ran 5x slower than fp32 where those timed 1.25x)
@@ -66,7 +65,7 @@ def _speedups(run: RunData) -> Figures:
 
 
 def _cpu(run: RunData) -> Figures:
-    env = run.record.get("environment") or {}
+    env = run.environment
     cores = num(env.get("cpu_affinity") or env.get("cpu_count"))
     per_host: Counter[str] = Counter()
     for r in run.ranks:
@@ -101,8 +100,8 @@ def _clocks(run: RunData) -> Figures:
 
 
 def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
-    env = run.record.get("environment") or {}
-    out: Figures = {"native_bf16": Figure(_native_bf16(env), "yes=1", "environment.cpu_flags / cuda_capability")}
+    out: Figures = {"native_bf16": Figure(_native_bf16(run.environment), "yes=1",
+                                          "environment.cpu_flags / cuda_capability")}
     out.update(_speedups(run))
     out.update(_cpu(run))
     out.update(_clocks(run))

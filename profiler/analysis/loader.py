@@ -5,22 +5,29 @@ Everything that analyzes a run starts from `load_run`, which reads the run throu
 ops tables (compacted or, for a live or killed run, its flushed parts), the events and the ranks'
 own status records. A table that cannot be read is empty in the object and named in `problems`,
 so a damaged run is shown as `corrupt` with what is wrong, instead of as a healthy one.
+
+The loaded run reads run.json through `RunRecord`'s accessors and computes the steps as the summary
+counts them once (`merged_steps`, `steady_steps`), for the summary, the comparison and the figures alike.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from profiler import store
+from profiler.analysis.record import RunRecord
+from profiler.analysis.steps import merge_ranks, steady_steps
 
 
 @dataclass
-class RunData:
-    """One run's stored files, read once. Pure data: analyzers take it and return figures."""
+class RunData(RunRecord):
+    """One run's stored files, read once: run.json's accessors (`RunRecord`), the tables, and the steps
+    as the summary counts them, computed once. Analyzers take it and return figures."""
 
     path: Path
     record: dict[str, Any]
@@ -37,34 +44,53 @@ class RunData:
     """GPU kernel aggregates (kernels.parquet: imported traces); empty where the run has none."""
 
     @property
-    def id(self) -> str:
-        return str(self.record.get("id") or self.path.name)
-
-    @property
     def status(self) -> str:
-        return "corrupt" if self.problems else str(self.record.get("status"))
-
-    @property
-    def ended(self) -> bool:
-        """True once the run was finalized (its summary in run.json is the stored one)."""
-        return self.record.get("status") in store.FINAL_STATUSES
-
-    @property
-    def config(self) -> dict[str, Any]:
-        return self.record.get("config") or {}
-
-    @property
-    def source(self) -> str:
-        """What made the run: `profile-run` (also for runs stored without the field), `api`, `import`."""
-        return str(self.record.get("source") or "profile-run")
-
-    @property
-    def world_size(self) -> int:
-        return int(self.record.get("world_size") or 1)
+        return "corrupt" if self.problems else self.recorded_status
 
     def rank(self, rank: int) -> dict[str, Any]:
         """That rank's status record, or {} when it wrote none."""
         return next((r for r in self.ranks if r.get("rank") == rank), {})
+
+    @property
+    def flops_per_token(self) -> float | None:
+        """The model's FLOPs per token (model.flops_per_token; rank 0's own until the run ended)."""
+        value = self.model.get("flops_per_token") or self.rank(0).get("flops_per_token")
+        return float(value) if isinstance(value, (int, float)) else None
+
+    @cached_property
+    def _merged(self) -> tuple[pd.DataFrame, tuple[str, ...], str]:
+        merged, notes, source = merge_ranks(self.steps, self.world_size)
+        return merged, tuple(notes), source
+
+    @property
+    def merged_steps(self) -> pd.DataFrame:
+        """One row per step across ranks (profiler.analysis.steps.merge_ranks): the loss curve."""
+        return self._merged[0]
+
+    @property
+    def merge_notes(self) -> tuple[str, ...]:
+        """Steps left out of `merged_steps` for a rank's sake (recorded by fewer than all ranks)."""
+        return self._merged[1]
+
+    @property
+    def memory_source(self) -> str:
+        """What `merged_steps.peak_memory_bytes` measures (CUDA allocator, RSS high-water mark, RSS)."""
+        return self._merged[2]
+
+    @cached_property
+    def _steady(self) -> tuple[pd.DataFrame, tuple[str, ...]]:
+        steady, notes = steady_steps(self.merged_steps, self.warmup_steps)
+        return steady, tuple(notes)
+
+    @property
+    def steady_steps(self) -> pd.DataFrame:
+        """The merged steps the summary counts: warmup, compile and profiled steps left out."""
+        return self._steady[0]
+
+    @property
+    def steady_notes(self) -> tuple[str, ...]:
+        """What `steady_steps` left out, and why."""
+        return self._steady[1]
 
 
 def load_run(run_dir: str | Path) -> RunData:

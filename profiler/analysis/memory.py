@@ -22,10 +22,9 @@ GIB = 2**30
 
 def capacity(run: RunData) -> tuple[float, str]:
     """The bytes the run must fit in, and which figure says so."""
-    budget = num((run.config.get("profile") or {}).get("memory_budget_gb"))
-    if budget > 0:
-        return budget * GIB, "config.profile.memory_budget_gb"
-    env = run.record.get("environment") or {}
+    if run.memory_budget_gb > 0:
+        return run.memory_budget_gb * GIB, "config.profile.memory_budget_gb"
+    env = run.environment
     if num(env.get("device_memory_bytes")) > 0:
         return num(env["device_memory_bytes"]), "environment.device_memory_bytes"
     return num(env.get("memory_total_bytes")), "environment.memory_total_bytes (the machine's RAM)"

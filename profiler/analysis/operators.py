@@ -30,7 +30,6 @@ import pandas as pd
 
 from profiler.analysis.figures import Figure, Figures, num
 from profiler.analysis.loader import RunData
-from profiler.metrics import lookup
 
 MATMUL = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|addmv|_scaled_dot_product|scaled_dot_product)")
 ATTENTION = re.compile(r"^aten::(.*scaled_dot_product.*|.*attention.*|bmm|baddbmm)$")
@@ -41,17 +40,13 @@ FUSED_ATTENTION = re.compile(r"^aten::_?scaled_dot_product")
 SOFTMAX = re.compile(r"^aten::(_softmax|softmax|_softmax_backward_data)$")
 
 
-def _is_cuda(run: RunData) -> bool:
-    return str((run.record.get("environment") or {}).get("device", "cpu")).startswith("cuda")
-
-
 def per_step(run: RunData) -> pd.DataFrame:
     """aten operators of one rank (the lowest), with `time_s` and `calls` per profiled step."""
     ops = run.ops
     if ops.empty or "steps" not in ops:
         return pd.DataFrame(columns=["name", "input_shapes", "calls", "time_s"])
     ops = ops[(ops["rank"] == ops["rank"].min()) & ops["name"].str.startswith("aten::") & (ops["steps"] > 0)]
-    column = "self_device_s" if _is_cuda(run) else "self_cpu_s"
+    column = "self_device_s" if run.on_cuda else "self_cpu_s"
     return pd.DataFrame({"name": ops["name"], "input_shapes": ops["input_shapes"],
                          "calls": ops["calls"] / ops["steps"], "time_s": ops[column] / ops["steps"]})
 
@@ -61,7 +56,8 @@ def _attention(ops: pd.DataFrame) -> pd.Series:
     return ops["name"].str.match(ATTENTION) | (ops["name"].str.match(SOFTMAX) & four_d)
 
 
-_SHAPED = {"aten::mm": ("mm", (0, 1)), "aten::bmm": ("mm", (0, 1)), "aten::addmm": ("mm", (1, 2))}
+_SHAPED: dict[str, tuple[str, tuple[int, ...]]] = {
+    "aten::mm": ("mm", (0, 1)), "aten::bmm": ("mm", (0, 1)), "aten::addmm": ("mm", (1, 2))}
 """Matmuls whose operand shapes the ops table records, and which inputs are the operands."""
 SDPA_FORWARD = re.compile(r"^aten::_scaled_dot_product_\w*attention\w*$")
 """Fused attention forwards (flash, efficient, cudnn; the CPU flash kernel): inputs q, k, v first."""
@@ -108,7 +104,7 @@ def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
     calls = float(ops["calls"].sum())
     attention = float(ops.loc[_attention(ops), "time_s"].sum())
     step_s = num((summary.get("step_time_s") or {}).get("mean"))
-    source = "ops.parquet (" + ("self_device_s" if _is_cuda(run) else "self_cpu_s") + ")"
+    source = "ops.parquet (" + ("self_device_s" if run.on_cuda else "self_cpu_s") + ")"
     out: Figures = {
         "op_calls_per_step": Figure(calls, "calls", "ops.parquet (calls / steps)"),
         "tiny_op_share": Figure(100 * float(ops.loc[ops["time_s"] < TINY_OP_S * ops["calls"], "time_s"].sum()) / total,
@@ -120,11 +116,11 @@ def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
     if attention > 0:
         fused = float(ops.loc[ops["name"].str.match(FUSED_ATTENTION), "time_s"].sum())
         out["attention_fused_share"] = Figure(100 * fused / attention, "%", source + ", SDPA kernels / attention")
-    flops = num(lookup(run.record, "model.flops_per_token"))
-    attention_flops = num(lookup(run.record, "model.attention_flops_per_token"))
+    flops = num(run.flops_per_token)
+    attention_flops = num(run.model.get("attention_flops_per_token"))
     if flops > 0 and attention_flops >= 0:
         out["attention_flop_share"] = Figure(100 * attention_flops / flops, "%",
                                              "model.attention_flops_per_token / model.flops_per_token")
-    if _is_cuda(run):
+    if run.on_cuda:
         out["device_busy"] = Figure(100 * total / step_s, "%", "ops.parquet self_device_s / summary.step_time_s.mean")
     return out

@@ -13,12 +13,23 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import pandas as pd
+
 from profiler.analysis.figures import Figure, Figures, num
 from profiler.analysis.loader import RunData
 
 OUTLIER_FACTOR = 10.0
 OUTLIER_WINDOW = 20
 """Steps a grad norm is judged against (at least a quarter of them must precede it)."""
+
+
+def grad_norm_outliers(run: RunData) -> pd.Series:
+    """The outlying grad norms (largest rank's, by step): above OUTLIER_FACTOR x the median of the
+    OUTLIER_WINDOW steps before."""
+    norms = run.steps.groupby("step")["grad_norm"].max()
+    norms = norms[norms.map(math.isfinite)]
+    before = norms.rolling(OUTLIER_WINDOW, min_periods=OUTLIER_WINDOW // 4).median().shift(1)
+    return norms[norms > OUTLIER_FACTOR * before]
 
 
 def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
@@ -35,10 +46,7 @@ def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
     out["loss_change"] = Figure(100 * (last - first) / first if first else math.nan, "%",
                                 "summary.loss_first -> loss_last")
     if not run.steps.empty and "grad_norm" in run.steps:
-        norms = run.steps.groupby("step")["grad_norm"].max()
-        norms = norms[norms.map(math.isfinite)]
-        before = norms.rolling(OUTLIER_WINDOW, min_periods=OUTLIER_WINDOW // 4).median().shift(1)
-        out["grad_norm_outliers"] = Figure(float((norms > OUTLIER_FACTOR * before).sum()), "steps",
+        out["grad_norm_outliers"] = Figure(float(len(grad_norm_outliers(run))), "steps",
                                            f"steps.parquet grad_norm > {OUTLIER_FACTOR:g}x the median of the "
                                            f"{OUTLIER_WINDOW} steps before")
     return out

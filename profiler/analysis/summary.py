@@ -3,8 +3,8 @@ communication and I/O, computed from a loaded run by pure functions.
 
 `finalize` stores `summarize(load_run(dir))`; running it again on the same files gives the same
 dict, so any stored run can be re-summarized (or summarized while it runs, or after a kill)
-without the orchestrator. Keys: docs/run-format.md. Steps are merged across ranks and reduced to
-the steady state first (profiler.analysis.steps).
+without the orchestrator. Keys: docs/run-format.md. Steps are the loaded run's steady view
+(`RunData.steady_steps`: merged across ranks, then reduced to the steady state, profiler.analysis.steps).
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from typing import Any
 import pandas as pd
 
 from profiler.analysis.loader import RunData
-from profiler.analysis.steps import merge_ranks, steady_steps
-from profiler.metrics import PHASES, lookup
+from profiler.metrics import PHASES
 
 NAN = math.nan
 
@@ -30,7 +29,7 @@ def _float(value: Any) -> float:
 
 
 def _live_note(run: RunData, counted: int) -> list[str]:
-    status = run.record.get("status")
+    status = run.recorded_status
     if status == "running":
         return [f"the run is still running: summary of the {counted} steady step(s) flushed so far"]
     if status == "incomplete":
@@ -41,10 +40,8 @@ def _live_note(run: RunData, counted: int) -> list[str]:
 
 def summarize(run: RunData) -> dict[str, Any]:
     """The summary dict of run.json for `run` (keys documented in docs/run-format.md)."""
-    profile = run.config.get("profile") or {}
-    merged, notes, memory_source = merge_ranks(run.steps, run.world_size)
-    steady, steady_notes = steady_steps(merged, int(profile.get("warmup_steps", 0)))
-    notes += steady_notes
+    merged, steady = run.merged_steps, run.steady_steps
+    notes = [*run.merge_notes, *run.steady_notes]
     if steady.empty:
         return {"steps_counted": 0, "steps_total": int(merged.index.nunique()) if not merged.empty else 0,
                 "notes": notes + _live_note(run, 0)}
@@ -53,10 +50,10 @@ def summarize(run: RunData) -> dict[str, Any]:
     counted = total_time > 0 and bool(steady["tokens"].notna().any())  # imported traces do not know their tokens
     tokens_per_s = float(steady["tokens"].sum()) / total_time if counted else NAN
     mean_step = float(steady["step_s"].mean())
-    peak = run.record.get("peak") or {}
-    flops_per_token = _float(lookup(run.record, "model.flops_per_token") or run.rank(0).get("flops_per_token"))
-    if lookup(run.record, "model.flops_source"):  # a user's own model: where its FLOPs/token (and MFU) come from
-        notes.append(f"FLOPs per token (MFU): {lookup(run.record, 'model.flops_source')}")
+    peak = run.peak
+    flops_per_token = _float(run.flops_per_token)
+    if run.model.get("flops_source"):  # a user's own model: where its FLOPs/token (and MFU) come from
+        notes.append(f"FLOPs per token (MFU): {run.model['flops_source']}")
     capacity = _float(peak.get("flops")) * devices(run)
     summary: dict[str, Any] = {
         "steps_counted": int(len(steady)),
@@ -78,7 +75,7 @@ def summarize(run: RunData) -> dict[str, Any]:
         "loss_last": float(merged["loss"].iloc[-1]),
         "skipped_steps": int(merged["skipped"].sum()) if "skipped" in merged else 0,
         "peak_memory_bytes": float(merged["peak_memory_bytes"].max()),
-        "peak_memory_source": memory_source,
+        "peak_memory_source": run.memory_source,
     }
     if "mem_reserved_peak_bytes" in run.steps and run.steps["mem_reserved_peak_bytes"].notna().any():
         summary["peak_reserved_bytes"] = float(run.steps["mem_reserved_peak_bytes"].max())
@@ -90,7 +87,7 @@ def summarize(run: RunData) -> dict[str, Any]:
 
 def devices(run: RunData) -> int:
     """How many devices the peak is counted for: one GPU per rank, or one CPU per host the ranks ran on."""
-    if str((run.record.get("environment") or {}).get("device", "cpu")).startswith("cuda"):
+    if run.on_cuda:
         return run.world_size
     return max(1, len({r["host"] for r in run.ranks if r.get("host")}))
 

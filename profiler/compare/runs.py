@@ -7,7 +7,7 @@ ask it. Pure over loaded runs (`profiler.analysis.load_run`): no I/O, no printin
     result.phases, result.ops # where the step time went, largest change first
     result.differences        # config, device, threads and versions that differ between the sides
 
-Steps are those the summary counts (profiler.analysis.steps: ranks merged, warmup, compile and
+Steps are those the summary counts (`RunData.steady_steps`: ranks merged, warmup, compile and
 profiled steps out). Phases are compared by their mean ms a step, which add up to the step time;
 aten operators by their self time per profiled step (profiler.analysis.operators: the device's on
 CUDA, the host's on CPU).
@@ -17,12 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import pandas as pd
 
 from profiler.analysis import RunData, operators, summary_of
-from profiler.analysis.steps import merge_ranks, steady_steps
 from profiler.compare.gate import DEFAULT_REPORTED, LOSS_PARITY, Gate, Threshold
 from profiler.compare.stats import Estimate, Options, Parity, compare_series, discount_contention, loss_parity
 from profiler.metrics import METRIC_BY_NAME, PHASES, flatten
@@ -108,29 +107,12 @@ class Comparison:
 def _settings(run: RunData) -> dict[str, dict[str, Any]]:
     """What a run was (config) and where it ran (environment and measured peak), flattened."""
     config = {k: v for k, v in flatten(run.config).items() if k != "name"}
-    environment = flatten({**(run.record.get("environment") or {}),
-                           "peak_flops": (run.record.get("peak") or {}).get("flops")})
+    environment = flatten({**run.environment, "peak_flops": run.peak.get("flops")})
     return {"config": config, "environment": environment}
 
 
 def _differences(a: dict[str, Any], b: dict[str, Any], section: str) -> list[Difference]:
     return [Difference(section, k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-
-
-class Steps(NamedTuple):
-    merged: pd.DataFrame
-    """All steps, ranks merged (the loss curve)."""
-    steady: pd.DataFrame
-    """The steps the summary counts (the metrics and phases)."""
-    notes: list[str]
-    """Steps left out for a rank's sake (the warmup, compile and profiled steps every run leaves
-    out go unsaid)."""
-
-
-def _steps(run: RunData) -> Steps:
-    merged, notes, _ = merge_ranks(run.steps, run.world_size)
-    steady, _ = steady_steps(merged, int((run.config.get("profile") or {}).get("warmup_steps", 0)))
-    return Steps(merged, steady, notes)
 
 
 def contention(run: RunData, steady: pd.DataFrame) -> float | None:
@@ -147,7 +129,7 @@ def contention(run: RunData, steady: pd.DataFrame) -> float | None:
     s = s[s["step"].isin(steady.index)].dropna(subset=["cpu_system_pct", "cpu_process_pct"])
     if s.empty:
         return None
-    env = run.record.get("environment") or {}
+    env = run.environment
     cores = int(env.get("cpu_count") or 1)
     threads = int(env.get("cpu_threads") or cores) * run.world_size
     used = s["cpu_system_pct"] / 100
@@ -157,8 +139,8 @@ def contention(run: RunData, steady: pd.DataFrame) -> float | None:
     return float(others.where(used >= SATURATED, 0.0).median()) * computing
 
 
-def _side_contention(runs: Sequence[RunData], steps: Sequence[Steps]) -> float | None:
-    found = [x for r, st in zip(runs, steps, strict=True) if (x := contention(r, st.steady)) is not None]
+def _side_contention(runs: Sequence[RunData]) -> float | None:
+    found = [x for r in runs if (x := contention(r, r.steady_steps)) is not None]
     return max(found) if found else None
 
 
@@ -179,8 +161,7 @@ def _op_times(run: RunData) -> pd.Series:
 def _ops(base: Sequence[RunData], cand: Sequence[RunData]) -> tuple[tuple[TimeChange, ...], str]:
     if any(r.ops.empty for side in (base, cand) for r in side):
         return (), "no operator table on a side (profile.trace off, or no step in its window)"
-    on_cuda = all(str(r.record.get("environment", {}).get("device", "cpu")).startswith("cuda")
-                  for side in (base, cand) for r in side)
+    on_cuda = all(r.on_cuda for side in (base, cand) for r in side)
     label = "self device time" if on_cuda else "self CPU time"
     b, c = (pd.concat([_op_times(r) for r in side], axis=1).fillna(0.0).median(axis=1) for side in (base, cand))
     both = pd.concat([b.rename("b"), c.rename("c")], axis=1).fillna(0.0)
@@ -213,9 +194,10 @@ def _across_devices(env: tuple[dict[str, Any], dict[str, Any]]) -> str | None:
             "the devices as much as the code")
 
 
-def _side_notes(label: str, runs: Sequence[RunData], settings: Sequence[dict[str, dict[str, Any]]],
-                notes: Sequence[list[str]]) -> list[str]:
-    out = [f"{label} run {r.id}: {n}" for r, ns in zip(runs, notes, strict=True) for n in ns]
+def _side_notes(label: str, runs: Sequence[RunData], settings: Sequence[dict[str, dict[str, Any]]]) -> list[str]:
+    """Steps a side's runs left out for a rank's sake (the warmup, compile and profiled steps every run
+    leaves out go unsaid), and what its runs differ in among themselves."""
+    out = [f"{label} run {r.id}: {n}" for r in runs for n in r.merge_notes]
     for section in ("config", "environment"):
         differ = sorted({d.key for s in settings[1:] for d in _differences(settings[0][section], s[section], section)})
         if differ:
@@ -228,18 +210,17 @@ def compare(base: Sequence[RunData], cand: Sequence[RunData], gate: Gate) -> Com
     if not base or not cand:
         raise ValueError("compare needs at least one baseline and one candidate run")
     sides = (list(base), list(cand))
-    steps = tuple([_steps(r) for r in runs] for runs in sides)
     settings = tuple([_settings(r) for r in runs] for runs in sides)
     names = tuple([r.id for r in runs] for runs in sides)
     summaries = tuple([summary_of(r) for r in runs] for runs in sides)
-    busy = (_side_contention(sides[0], steps[0]), _side_contention(sides[1], steps[1]))
+    busy = (_side_contention(sides[0]), _side_contention(sides[1]))
     metrics = []
     for threshold in gate.thresholds:
         if threshold.metric == LOSS_PARITY:
             continue
         m = METRIC_BY_NAME[threshold.metric]
-        series = [[m.per_step(s.steady, summary).to_numpy() for s, summary in zip(st, sm, strict=True)]
-                  for st, sm in zip(steps, summaries, strict=True)]
+        series = [[m.per_step(r.steady_steps, summary).to_numpy() for r, summary in zip(runs, sm, strict=True)]
+                  for runs, sm in zip(sides, summaries, strict=True)]
         estimate = compare_series(series[0], series[1], better=m.better, limit=threshold.limit,
                                   quantile=m.statistic, floor=gate.options.noise_floor(m.name),
                                   options=gate.options, unit=m.unit, speed=m.speed,
@@ -248,16 +229,17 @@ def compare(base: Sequence[RunData], cand: Sequence[RunData], gate: Gate) -> Com
             estimate = discount_contention(estimate, base=busy[0], cand=busy[1], limit=gate.options.max_contention)
         metrics.append(MetricComparison(m.name, m.label, m.unit, m.better, threshold, estimate))
     parity_threshold = gate.threshold(LOSS_PARITY) or Threshold(LOSS_PARITY, DEFAULT_REPORTED[LOSS_PARITY], False)
-    merged = ([s.merged for s in steps[0]], [s.merged for s in steps[1]])
+    merged = ([r.merged_steps for r in sides[0]], [r.merged_steps for r in sides[1]])
     ops, ops_time = _ops(*sides)
     env = (settings[0][0]["environment"], settings[1][0]["environment"])
     notes = [n for label, i in (("baseline", 0), ("candidate", 1))
-             for n in _side_notes(label, sides[i], settings[i], [s.notes for s in steps[i]])]
+             for n in _side_notes(label, sides[i], settings[i])]
     return Comparison(
         base=tuple(names[0]), cand=tuple(names[1]), metrics=tuple(metrics),
         parity=_parity([*settings[0], *settings[1]], merged, parity_threshold.limit),
         parity_threshold=parity_threshold,
-        phases=_phases([s.steady for s in steps[0]], [s.steady for s in steps[1]]), ops=ops, ops_time=ops_time,
+        phases=_phases([r.steady_steps for r in sides[0]], [r.steady_steps for r in sides[1]]), ops=ops,
+        ops_time=ops_time,
         differences=tuple(_differences(settings[0][0]["config"], settings[1][0]["config"], "config")
                           + _differences(*env, "environment")),
         across_devices=_across_devices(env), contention=busy, notes=tuple(dict.fromkeys(notes)), options=gate.options)

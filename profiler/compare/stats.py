@@ -100,7 +100,11 @@ class Estimate:
     """pyperf-style warnings about the compared runs' steps."""
 
 
-def _clean(x: Sequence[float] | np.ndarray) -> np.ndarray:
+Values = Sequence[float] | np.ndarray
+"""One run's per-step values of a metric."""
+
+
+def _clean(x: Values) -> np.ndarray:
     a = np.asarray(x, dtype=float)
     return a[np.isfinite(a)]
 
@@ -185,7 +189,7 @@ def _repeats(gap: float, var_within: float, sigma: float, runs: tuple[int, int],
     return max(k, max(runs) + 1)
 
 
-def compare_series(base: Sequence[Sequence[float]], cand: Sequence[Sequence[float]], *, better: str, limit: float,
+def compare_series(base: Sequence[Values], cand: Sequence[Values], *, better: str, limit: float,
                    quantile: float = 0.5, floor: float, options: Options | None = None, unit: str = "",
                    speed: bool = True, names: tuple[Sequence[str], Sequence[str]] | None = None) -> Estimate:
     """Baseline runs vs candidate runs of one metric (one series of per-step values per run).

@@ -114,7 +114,8 @@ class Spec:
 
 def expand(spec: Spec) -> tuple[list[tuple[dict[str, Any], RunConfig]], list[dict[str, Any]]]:
     """Every combination of the grid (first key slowest) built, or refused with the catalog's reason."""
-    accepted, refused = [], []
+    accepted: list[tuple[dict[str, Any], RunConfig]] = []
+    refused: list[dict[str, Any]] = []
     for combo in itertools.product(*spec.grid.values()):
         settings = dict(zip(spec.grid, combo, strict=True))
         try:
@@ -135,8 +136,8 @@ def _same(a: Any, b: Any) -> bool:
 def new_record(spec: Spec, accepted: Sequence[tuple[dict[str, Any], RunConfig]],
                refused: list[dict[str, Any]]) -> dict[str, Any]:
     steps = spec.steps if spec.steps is not None else accepted[0][1].train.steps
-    cells = [{"index": i, "settings": s, "runs": [], "attempts": [], "status": "pending", "tokens_per_s": None,
-              "peak_memory_gib": None} for i, (s, _) in enumerate(accepted)]
+    cells: list[dict[str, Any]] = [{"index": i, "settings": s, "runs": [], "attempts": [], "status": "pending",
+                                    "tokens_per_s": None, "peak_memory_gib": None} for i, (s, _) in enumerate(accepted)]
     record = {"status": "running", "spec": {**asdict(spec), "steps": steps}, "cells": cells, "refused": refused}
     return refresh(record)
 
@@ -197,8 +198,8 @@ def _table(record: dict[str, Any]) -> Table:
 
 def _logs(table: Table, metric: str, signs: Sequence[tuple[tuple[int, ...], float]]) -> list[float]:
     """sum(sign * log figure) over the given cells, once per repeat that all of them completed."""
-    runs = [table.get(levels) for levels, _ in signs]
-    if any(r is None for r in runs):
+    runs = [r for levels, _ in signs if (r := table.get(levels)) is not None]
+    if len(runs) < len(signs):
         return []
     out = []
     for rep in sorted(set.intersection(*(set(r) for r in runs))):

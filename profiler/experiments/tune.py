@@ -53,8 +53,8 @@ def _key(settings: Mapping[str, Any]) -> str:
 
 
 def _peak_gib(runs: Sequence[RunData]) -> float | None:
-    peaks = [float(r.record["summary"]["peak_memory_bytes"]) / 2**30 for r in runs
-             if (r.record.get("summary") or {}).get("peak_memory_bytes")]
+    stored = [r.stored_summary or {} for r in runs]
+    peaks = [float(s["peak_memory_bytes"]) / 2**30 for s in stored if s.get("peak_memory_bytes")]
     return max(peaks) if peaks else None
 
 

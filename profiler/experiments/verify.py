@@ -26,10 +26,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from profiler import store
-from profiler.analysis import RunData, analyze, load_run, summary_of
+from profiler.analysis import RunData, RunRecord, analyze, load_run, summary_of
 from profiler.compare.gate import DEFAULT_REPORTED, LOSS_PARITY, Gate, Threshold
 from profiler.compare.runs import compare
 from profiler.config import RunConfig, load_config
@@ -82,7 +83,7 @@ def trials_for(run: RunData, recommendations: Sequence[Mapping[str, Any]], *, re
                name: str | None = None) -> Trials:
     """The trials and their interleaved cells; a config the catalog rejects is refused up front."""
     base_over = [f"train.steps={steps}"]
-    label = name or str(run.record.get("name") or run.id)
+    label = name or str(run.name or run.id)
     nproc = run.world_size
     trials = [Trial("baseline", None, load_config(base=run.config, overrides=[*base_over, f"name={label}.base"],
                                                   nproc=nproc))]
@@ -187,7 +188,7 @@ def judge(trial: Trial, base: Sequence[RunData], cand: Sequence[RunData], *, bud
     failed = [r for r in cand if r.status != "completed"]
     done_base = [r for r in base if r.status == "completed"]
     if failed:
-        err = failed[0].record.get("error") or failed[0].status
+        err = failed[0].error or failed[0].status
         return {**out, "verdict": "refuted", "reason": f"the changed run did not complete: {err}"}
     if not cand or not done_base:
         why = "interrupted before a changed run completed" if stopped else "not run (the plan was stopped before it)"
@@ -220,8 +221,8 @@ def runs_of(trials: Trials, run_dirs: Sequence[tuple[Cell, Any]]) -> dict[str, l
 
 def store_verification(run_dir: Any, verification: Mapping[str, Any], advice: Mapping[str, Any]) -> None:
     """Into the verified run's diagnosis (computed now when the run was stored without one)."""
-    record = store.read_run(run_dir)
-    diagnosis = dict(record.get("diagnosis") or {k: v for k, v in advice.items() if k != "figures"})
+    stored = RunRecord(Path(run_dir), store.read_run(run_dir))
+    diagnosis = dict(stored.diagnosis or {k: v for k, v in advice.items() if k != "figures"})
     store.update_run(run_dir, diagnosis={**diagnosis, "verification": dict(verification)})
 
 
@@ -232,7 +233,7 @@ def run_verification(run: RunData, advice: Mapping[str, Any], *, top: int, repea
     from profiler.experiments.batch import run_cells
 
     trials = trials_for(run, advice["recommendations"][:top], repeats=repeats, steps=steps)
-    budget = float((run.config.get("profile") or {}).get("memory_budget_gb") or 0) or None
+    budget = run.memory_budget_gb or None
     done: list[tuple[Cell, Any]] = []
     try:
         for pair in run_cells(trials.cells, runs_dir=runs_dir, progress=progress):
