@@ -162,7 +162,8 @@ def test_a_config_without_a_profile_setting_reads_profile_configs_default(comple
     from profiler.settings import ProfileConfig
 
     imported = RunRecord(completed_run, {"source": "import", "config": {}})  # what glmperf import stores
-    assert imported.warmup_steps == ProfileConfig().warmup_steps
+    assert imported.warmup_steps == 0  # its traces hold the profiler's active steps only
+    assert RunRecord(completed_run, {"config": {}}).warmup_steps == ProfileConfig().warmup_steps
     assert imported.memory_budget_gb == ProfileConfig().memory_budget_gb
     assert imported.device == "cpu" and not imported.on_cuda and imported.world_size == 1
     assert imported.diagnosis == {} and imported.verification is None and imported.stored_summary is None

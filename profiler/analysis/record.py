@@ -3,7 +3,8 @@
 A stored run's record is a plain dict (docs/run-format.md): which keys it has depends on what made the
 run (profile-run, `profiler.api`, `glmperf import`) and how far it got. Readers ask `RunRecord`
 instead of the dict, so a missing key means the same everywhere: `warmup_steps` of a config without
-it is `ProfileConfig`'s default, not a number each reader picks. `RunData` (profiler.analysis.loader)
+it is `ProfileConfig`'s default (0 for an import, whose traces hold steady steps only), not a number
+each reader picks. `RunData` (profiler.analysis.loader)
 is a `RunRecord` with the run's tables; a listing of runs (`store.list_runs`) wraps each record alone.
 """
 
@@ -89,7 +90,10 @@ class RunRecord:
 
     @property
     def warmup_steps(self) -> int:
-        """config.profile.warmup_steps: the first steps a summary leaves out."""
+        """config.profile.warmup_steps: the first steps a summary leaves out. An imported run leaves out
+        none: its traces hold the profiler's active steps only, the schedule's own warmup already dropped."""
+        if self.source == "import":
+            return 0
         return int(self._profile("warmup_steps"))
 
     @property
