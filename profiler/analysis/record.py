@@ -4,8 +4,8 @@ A stored run's record is a plain dict (docs/run-format.md): which keys it has de
 run (profile-run, `profiler.api`, `glmperf import`) and how far it got. Readers ask `RunRecord`
 instead of the dict, so a missing key means the same everywhere: `warmup_steps` of a config without
 it is `ProfileConfig`'s default (0 for an import, whose traces hold steady steps only), not a number
-each reader picks. `RunData` (profiler.analysis.loader)
-is a `RunRecord` with the run's tables; a listing of runs (`store.list_runs`) wraps each record alone.
+each reader picks. `RunData` (profiler.analysis.loader) is a `RunRecord` with the run's tables; a
+listing of runs (`store.list_runs`) wraps each record alone.
 """
 
 from __future__ import annotations
