@@ -58,7 +58,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from optimizers.config import build_section, section_to_dict
 from profiler import plugins, store
-from profiler.capture.finish import finalize, measured_peaks
+from profiler.capture.finish import await_ranks, finalize, measured_peaks
 from profiler.capture.ranks import RankRecord, instruments, raise_interrupted
 from profiler.instruments.comm import CommStats
 from profiler.instruments.machine import MATMUL_DTYPES, environment
@@ -186,20 +186,6 @@ def _shared_run_dir(create: Any, rank: int, world_size: int, runs_dir: Path, wai
     return Path(json.loads(pointer.read_text(encoding="utf-8"))["run_dir"])
 
 
-def _await_ranks(run_dir: Path, world_size: int, wait_s: float) -> str | None:
-    """Wait for every rank's outcome; what is wrong when some never gave one within `wait_s`."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        ended = {s["rank"] for s in store.read_rank_statuses(run_dir) if s.get("status") != "running"}
-        missing = [r for r in range(world_size) if r not in ended]
-        if not missing:
-            return None
-        if time.monotonic() > deadline:
-            return (f"rank(s) {', '.join(map(str, missing))} gave no outcome within {wait_s:g} s of rank 0's end; "
-                    "the run was finalized without it")
-        time.sleep(0.1)
-
-
 class Run:
     """One measured run of a user's own loop; `api.run(...)` makes one. A context manager, or, for
     callbacks, `start()` ... `end(error)`; steps and phases likewise by `with` or by begin/end."""
@@ -272,7 +258,7 @@ class Run:
         self.status = record.close(error)
         assert self.dir is not None
         if self.rank == 0:
-            missing = _await_ranks(self.dir, self.world_size, self.rank_wait_s) if self.world_size > 1 else None
+            missing = await_ranks(self.dir, self.world_size, self.rank_wait_s) if self.world_size > 1 else None
             self.status = finalize(self.dir, launcher_error=missing)["status"]
             for command, outcome in plugins.after_run(self.dir):  # the HTML report, as profile-run writes it
                 if not isinstance(outcome, Path):
