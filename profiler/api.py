@@ -44,7 +44,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,14 +158,15 @@ _opened = 0
 """Runs this process has opened: every rank opens the same sequence, so the n-th names one run."""
 
 
-def _shared_run_dir(create: Any, rank: int, world_size: int, runs_dir: Path, wait_s: float) -> Path:
+def _shared_run_dir(create: Callable[[], Path], rank: int, world_size: int, runs_dir: Path, wait_s: float) -> Path:
     """Rank 0 creates the run; the others learn its directory from torch.distributed or, before the
     process group exists, from a file torchrun's run id names (a shared filesystem, as the runs need)."""
     if world_size == 1:
         return create()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        box = [str(create()) if rank == 0 else None]
+        box: list[str | None] = [str(create()) if rank == 0 else None]
         torch.distributed.broadcast_object_list(box, src=0)
+        assert box[0] is not None  # rank 0's directory, broadcast to every rank
         return Path(box[0])
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if not run_id:
