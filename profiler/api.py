@@ -44,7 +44,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from optimizers.config import build_section, section_to_dict
 from profiler import plugins, store
-from profiler.capture.finish import finalize, measured_peaks
+from profiler.capture.finish import await_ranks, finalize, measured_peaks
 from profiler.capture.ranks import RankRecord, instruments, raise_interrupted
 from profiler.instruments.comm import CommStats
 from profiler.instruments.machine import MATMUL_DTYPES, environment
@@ -159,14 +159,15 @@ _opened = 0
 """Runs this process has opened: every rank opens the same sequence, so the n-th names one run."""
 
 
-def _shared_run_dir(create: Any, rank: int, world_size: int, runs_dir: Path, wait_s: float) -> Path:
+def _shared_run_dir(create: Callable[[], Path], rank: int, world_size: int, runs_dir: Path, wait_s: float) -> Path:
     """Rank 0 creates the run; the others learn its directory from torch.distributed or, before the
     process group exists, from a file torchrun's run id names (a shared filesystem, as the runs need)."""
     if world_size == 1:
         return create()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        box = [str(create()) if rank == 0 else None]
+        box: list[str | None] = [str(create()) if rank == 0 else None]
         torch.distributed.broadcast_object_list(box, src=0)
+        assert box[0] is not None  # rank 0's directory, broadcast to every rank
         return Path(box[0])
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if not run_id:
@@ -185,20 +186,6 @@ def _shared_run_dir(create: Any, rank: int, world_size: int, runs_dir: Path, wai
             raise UsageError(f"rank {rank}: rank 0 created no run within {wait_s:g} s ({pointer} is missing)")
         time.sleep(0.05)
     return Path(json.loads(pointer.read_text(encoding="utf-8"))["run_dir"])
-
-
-def _await_ranks(run_dir: Path, world_size: int, wait_s: float) -> str | None:
-    """Wait for every rank's outcome; what is wrong when some never gave one within `wait_s`."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        ended = {s["rank"] for s in store.read_rank_statuses(run_dir) if s.get("status") != "running"}
-        missing = [r for r in range(world_size) if r not in ended]
-        if not missing:
-            return None
-        if time.monotonic() > deadline:
-            return (f"rank(s) {', '.join(map(str, missing))} gave no outcome within {wait_s:g} s of rank 0's end; "
-                    "the run was finalized without it")
-        time.sleep(0.1)
 
 
 class Run:
@@ -273,7 +260,7 @@ class Run:
         self.status = record.close(error)
         assert self.dir is not None
         if self.rank == 0:
-            missing = _await_ranks(self.dir, self.world_size, self.rank_wait_s) if self.world_size > 1 else None
+            missing = await_ranks(self.dir, self.world_size, self.rank_wait_s) if self.world_size > 1 else None
             self.status = finalize(self.dir, launcher_error=missing)["status"]
             for command, outcome in plugins.after_run(self.dir):  # the HTML report, as profile-run writes it
                 if not isinstance(outcome, Path):

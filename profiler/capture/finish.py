@@ -1,14 +1,18 @@
-"""The end of a run: the ranks' files merged, its status decided, its summary, trace figures and diagnosis
-stored in run.json.
+"""The end of every run, whatever made it (profile-run, `glmperf finalize`, the API, `glmperf import`):
+the ranks' files merged, its status decided, its summary, trace figures and diagnosis stored in run.json,
+which is written once, with all of it.
 
-The device is resolved once per process (`resolve_device` of train.device) and handed down: to
-the environment record and the peak the MFU divides by.
+The run is read once (`load_run`, after the ranks' files are merged) and that record is completed in
+memory: the summary, the precision speedup at the run's shapes and the diagnosis are all readings of
+the same files. What differs by source is small: a profile-run's rank 0 reports the model's facts and
+the switches it applied, an API run's rank 0 the user's model; an import brings its own trace summary
+and nothing ran here to fail, sample or time again.
 """
 
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +22,13 @@ from profiler import store
 from profiler.advice.recommend import advise
 from profiler.analysis import RunData, load_run, summarize
 from profiler.analysis.operators import precision_work
-from profiler.config import build_run_config
+from profiler.config import RunConfig, build_run_config
 from profiler.instruments.machine import MATMUL_DTYPES, matmul_peaks, matmul_speedup, run_peak
 from profiler.traces.summary import trace_summary
 from reference_model.context import resolve_device
+
+MODEL_FACTS = ("num_params", "flops_per_token", "attention_flops_per_token")
+"""run.json `model` of a profile-run run: what its rank 0 counted of the model it built."""
 
 
 def _outcome(world_size: int, statuses: dict[int, dict[str, Any]], launcher_error: str | None
@@ -50,56 +57,98 @@ def _outcome(world_size: int, statuses: dict[int, dict[str, Any]], launcher_erro
     return "completed", None
 
 
-def finalize(run_dir: Path, *, launcher_error: str | None = None) -> dict[str, Any]:
-    """Merge the ranks' files, decide the run's status, write the summary into run.json."""
-    record = store.read_run(run_dir)
-    world_size = int(record["world_size"])
+def finalize(run_dir: Path, *, launcher_error: str | None = None,
+             trace: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Merge the ranks' files, decide the run's status and store it with the summary and diagnosis;
+    returns run.json as written.
+
+    `launcher_error`: what the process that waited on the ranks saw go wrong. `trace`: an imported
+    run's `summary.trace`, from the traces it was made of. Should reading the run fail, run.json still
+    gets the status and whatever was computed before the error, which is raised.
+    """
     statuses = {s["rank"]: s for s in store.read_rank_statuses(run_dir)}
     store.compact(run_dir)
-    status, error = _outcome(world_size, statuses, launcher_error)
-    rank0 = statuses.get(0, {})
-    fields: dict[str, Any] = {}
+    run = load_run(run_dir)
+    record = run.record
+    status, error = ("completed", None) if run.source == "import" else \
+        _outcome(run.world_size, statuses, launcher_error)  # an import's traces ran elsewhere: they ended
+    record.update(status=status, error=error, ended=store.utc_now(), ranks=list(statuses.values()))
+    run.ranks = record["ranks"]
+    try:
+        cfg = None if run.source == "import" else _rank_facts(run, statuses.get(0, {}))
+        summary = summarize(run)
+        record["summary"] = summary if trace is None else {**summary, "trace": trace}
+        _readings(run, summary, cfg)
+    finally:
+        store.write_json_atomic(run_dir / "run.json", record)
+    return record
+
+
+def _rank_facts(run: RunData, rank0: dict[str, Any]) -> RunConfig | None:
+    """Into the record: how the ranks sampled, the peak when no launcher measured it, and the model as rank 0
+    saw it (profile-run: its facts and the switches applied; api: the user's model). Returns the run's
+    config when the peak needed it built."""
+    record, cfg = run.record, None
+    record["sampling"] = rank0.get("sampling")
     if not record.get("peak"):  # ranks started elsewhere (init-run): measured here, now
         cfg = build_run_config(record["config"])
-        fields.update(measured_peaks(resolve_device(cfg.train.device), cfg.switches.amp.dtype))
-    if record.get("source", "profile-run") == "profile-run":
-        fields.update(model={key: rank0.get(key) for key in ("num_params", "flops_per_token",
-                                                             "attention_flops_per_token")},
+        record.update(measured_peaks(resolve_device(cfg.train.device), cfg.switches.amp.dtype))
+    if run.source == "profile-run":
+        record.update(model={key: rank0.get(key) for key in MODEL_FACTS},
                       switches_applied=rank0.get("applied", []), setup_notes=rank0.get("notes", []))
     else:  # a user's own model (profiler.api): what its rank recorded, and no switches to speak of
-        fields["model"] = rank0.get("model") or record.get("model")
-    store.update_run(
-        run_dir, status=status, error=error, ended=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        ranks=list(statuses.values()), sampling=rank0.get("sampling"), **fields)
-    run = load_run(run_dir)
-    summary = summarize(run)
-    store.update_run(run_dir, summary=summary)
-    try:  # advice is a reading of what was measured: it must never cost the run its record
-        store.update_run(run_dir, shape_speedup=shape_speedup(run))
-        # the GPU's idle, overlap and launch figures as import reads them, and every rank's collectives
-        if (run_device(run.record).type == "cuda" or run.world_size > 1) and (traced := trace_summary(run_dir)):
-            store.update_run(run_dir, summary={**summary, "trace": traced})
-        diagnosis = advise(load_run(run_dir))
+        record["model"] = rank0.get("model") or record.get("model")
+    return cfg
+
+
+def _readings(run: RunData, summary: dict[str, Any], cfg: RunConfig | None) -> None:
+    """Into the record: the precision speedup at the run's shapes and the traces' figures (for a run that ran
+    here), then the diagnosis. Advice is a reading of what was measured: it never costs the run its record, a
+    failure is the diagnosis' `error`."""
+    record = run.record
+    try:
+        if run.source != "import":
+            device = run_device(record, cfg)
+            record["shape_speedup"] = shape_speedup(run, device)
+            # the GPU's idle, overlap and launch figures as import reads them, and every rank's collectives
+            if (device.type == "cuda" or run.world_size > 1) and (traced := trace_summary(run.path)):
+                record["summary"] = {**summary, "trace": traced}
+        diagnosis = advise(run)
     except Exception as exc:
         diagnosis = {"error": f"{type(exc).__name__}: {exc}"}
-    return store.update_run(run_dir, diagnosis=diagnosis)
+    record["diagnosis"] = diagnosis
 
 
-def shape_speedup(run: RunData) -> dict[str, float]:
+def await_ranks(run_dir: Path, world_size: int, wait_s: float) -> str | None:
+    """Wait for every rank's outcome; what is wrong when some never gave one within `wait_s` (the launcher
+    error to finalize with, where no launcher watched the ranks: the API's rank 0)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        ended = {s["rank"] for s in store.read_rank_statuses(run_dir) if s.get("status") != "running"}
+        missing = [r for r in range(world_size) if r not in ended]
+        if not missing:
+            return None
+        if time.monotonic() > deadline:
+            return (f"rank(s) {', '.join(map(str, missing))} gave no outcome within {wait_s:g} s of rank 0's end; "
+                    "the run was finalized without it")
+        time.sleep(0.1)
+
+
+def shape_speedup(run: RunData, device: torch.device) -> dict[str, float]:
     """The low-precision dtypes' speedup over fp32 at the run's own heaviest matmul and attention shapes, measured
     now on this machine (the run's is still warm): what switching precision would give this model."""
     work = precision_work(run)
     if not work:
         return {}
-    device = run_device(run.record)
     kinds = ("bf16", "fp16") if device.type == "cuda" else ("bf16",)
     return {kind: matmul_speedup(device, work, MATMUL_DTYPES[kind]) for kind in kinds}
 
 
-def run_device(record: dict[str, Any]) -> torch.device:
-    """The device a stored run trained on: its config's for profile-run, the recorded one otherwise."""
+def run_device(record: dict[str, Any], cfg: RunConfig | None = None) -> torch.device:
+    """The device a stored run trained on: its config's for profile-run (`cfg` when built already), the
+    recorded one otherwise."""
     if record.get("source", "profile-run") == "profile-run":
-        return resolve_device(build_run_config(record["config"]).train.device)
+        return resolve_device((cfg or build_run_config(record["config"])).train.device)
     return torch.device((record.get("environment") or {}).get("device", "cpu"))
 
 

@@ -9,11 +9,11 @@ diagnosis, compare, the reports and the dashboard read.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from profiler import store
+from profiler.capture.finish import finalize
 from profiler.traces.summary import ImportFailed, analyze_traces, trace_files
 
 
@@ -55,21 +55,6 @@ def import_traces(trace_dir: str | Path, *, name: str | None = None, runs_dir: P
     run_dir = store.create_run(store.default_runs_dir(runs_dir), name or trace_dir.resolve().name, record)
     for table in analyzed.tables:
         store.write_table(run_dir, table, analyzed.table(table))
-    store.compact(run_dir)
-    _finish(run_dir, analyzed.summary())
+    finalize(run_dir, trace=analyzed.summary())
     return Imported(run_dir=run_dir, ranks=analyzed.paths, failed=analyzed.failed)
 
-
-def _finish(run_dir: Path, trace_summary: dict[str, Any]) -> None:
-    """Summary and diagnosis, as `finalize` stores them for a measured run."""
-    from profiler.advice.recommend import advise
-    from profiler.analysis import load_run, summarize
-
-    ended = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    store.update_run(run_dir, status="completed", error=None, ended=ended, ranks=[])
-    store.update_run(run_dir, summary={**summarize(load_run(run_dir)), "trace": trace_summary})
-    try:  # advice is a reading of what was measured: it must never cost the import its run
-        diagnosis = advise(load_run(run_dir))
-    except Exception as exc:
-        diagnosis = {"error": f"{type(exc).__name__}: {exc}"}
-    store.update_run(run_dir, diagnosis=diagnosis)

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from reference_model.hooks import StepRecord, TrainerHook, TrainResult, TrainStart
+
+if TYPE_CHECKING:
+    from rich import progress as rich_progress
 
 
 class Progress(TrainerHook):
@@ -20,8 +23,8 @@ class Progress(TrainerHook):
         self.total, self.every = total_steps, every
         self.stream = stream or sys.stdout
         self.live = self.stream.isatty()
-        self._bar = None
-        self._task = None
+        self._bar: tuple[rich_progress.Progress, rich_progress.TaskID] | None = None
+        """The live bar and its task, on a terminal once the run started."""
         self._t0 = 0.0
         self._tokens = 0
         self._start_step = 0
@@ -34,11 +37,10 @@ class Progress(TrainerHook):
         if self.live:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self._bar = Progress(TextColumn("[bold]step {task.completed}/{task.total}"), BarColumn(),
-                                 TextColumn("{task.fields[status]}"), TimeRemainingColumn())
-            self._task = self._bar.add_task("train", total=self.total, completed=start.start_step,
-                                            status="")
-            self._bar.start()
+            bar = Progress(TextColumn("[bold]step {task.completed}/{task.total}"), BarColumn(),
+                           TextColumn("{task.fields[status]}"), TimeRemainingColumn())
+            self._bar = (bar, bar.add_task("train", total=self.total, completed=start.start_step, status=""))
+            bar.start()
 
     def _status(self, current: int, rate: float) -> str:
         if self._loss is None:
@@ -60,10 +62,11 @@ class Progress(TrainerHook):
         eta = elapsed / steps_done * (self.total - done) if steps_done else 0.0
         status = self._status(record.step, rate)
         if self.live and self._bar is not None:
-            self._bar.update(self._task, completed=done, status=status)
+            bar, task = self._bar
+            bar.update(task, completed=done, status=status)
         else:
             print(f"step {done}/{self.total}  {status}  eta {eta:.0f}s", file=self.stream, flush=True)
 
     def on_train_end(self, result: TrainResult | None, error: BaseException | None) -> None:
         if self._bar is not None:
-            self._bar.stop()
+            self._bar[0].stop()
