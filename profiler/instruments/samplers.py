@@ -133,6 +133,7 @@ class CpuBackend:
                 with proc.oneshot():
                     times = proc.cpu_times()
                     rss[proc.pid] = float(proc.memory_info().rss)
+                    ios: tuple[float, ...]
                     try:
                         io = proc.io_counters()
                         ios = (io.read_bytes, io.write_bytes, io.read_count, io.write_count,
@@ -206,7 +207,7 @@ class Sampler(Instrument):
             log.warning("sampler backend close failed: %s", exc)
 
     def summary(self) -> dict[str, Any]:
-        extra = getattr(self.backend, "summary", dict)()
+        extra: dict[str, Any] = getattr(self.backend, "summary", dict)()
         return {"source": self.backend.source, "reason": self.reason, "hz": self.hz, "samples": self.samples,
                 "rows": self.rows, "read_errors": self.errors, "last_error": self.last_error, **extra}
 

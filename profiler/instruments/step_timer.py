@@ -57,7 +57,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import psutil
 import torch
@@ -114,7 +114,7 @@ class _HwmReset:
 
     def __init__(self) -> None:
         try:
-            self._file = open(_CLEAR_REFS, "w")  # noqa: SIM115 - kept open: one write per step
+            self._file: TextIO | None = open(_CLEAR_REFS, "w")  # noqa: SIM115 - kept open: one write per step
             self.reset()
         except OSError:
             self._file = None
@@ -215,10 +215,10 @@ class StepTimer(Instrument):
         start = self._open.pop(phase, None)
         if start is None:
             return
-        if self.cuda is not None:
-            self._events.append((phase, start, self._record()))
-        else:
+        if isinstance(start, float):  # a CPU step: perf_counter's time
             self._phase_s[phase] += time.perf_counter() - start
+        else:
+            self._events.append((phase, start, self._record()))
 
     def on_step_end(self, record: StepRecord) -> None:
         comm = self.comm_stats.take_step() if self.comm_stats is not None else None
@@ -228,6 +228,7 @@ class StepTimer(Instrument):
             row = self._row(record, time.time(), host_s, host_s, dict(self._phase_s), self._memory(), comm)
             self._emit([row])
             return
+        assert self._start_event is not None, "on_step_start records it on CUDA"
         record.scalars()  # enqueue the copy of loss and grad norm before the step's end event
         end = self._record()
         self._pending.append(_Pending(record, time.time(), time.perf_counter() - self._t0, self._start_event,

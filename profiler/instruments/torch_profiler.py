@@ -151,7 +151,7 @@ class TraceWindow(Instrument):
         try:
             self._prof.stop()  # a window cut short by the end of training is still saved
             if self._ready:
-                self._export()
+                self._export(self._prof)
             else:
                 self._summary["trace_error"] = "training ended before the window's active steps"
         except Exception as exc:  # a failed export must not hide how training went
@@ -161,12 +161,12 @@ class TraceWindow(Instrument):
         if self._snapshotting:
             self._dump_snapshot()
 
-    def _export(self) -> None:
+    def _export(self, prof: profile) -> None:
         path = self.writer.trace_path(self.rank or 0)
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._prof.export_chrome_trace(str(path))  # gzip when the path ends in .gz
+        prof.export_chrome_trace(str(path))  # gzip when the path ends in .gz
         self._summary["trace_path"] = str(path)
-        rows = [self._op_row(evt) for evt in self._prof.key_averages(group_by_input_shape=True)]
+        rows = [self._op_row(evt) for evt in prof.key_averages(group_by_input_shape=True)]
         if rows:
             self.writer.add_ops(rows)
         self._summary["ops_rows"] = len(rows)

@@ -31,8 +31,9 @@ from profiler.integrations.common import CallbackRun, TokensOf, batch_tokens, re
 
 def _build() -> type:
     transformers = require("transformers", extra="hf", what="profiler.integrations.hf.GlmperfCallback")
+    base: Any = transformers.TrainerCallback  # known once the framework is imported
 
-    class GlmperfCallback(transformers.TrainerCallback):
+    class GlmperfCallback(base):
         """Measures a Trainer's training as a glmperf run (see the module docstring)."""
 
         def __init__(self, *, tokens_of: TokensOf | None = None, **options: Any) -> None:

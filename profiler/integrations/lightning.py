@@ -31,8 +31,9 @@ from profiler.integrations.common import CallbackRun, TokensOf, batch_tokens, re
 
 def _build() -> type:
     pl = require("lightning.pytorch", extra="lightning", what="profiler.integrations.lightning.GlmperfCallback")
+    base: Any = pl.Callback  # known once the framework is imported
 
-    class GlmperfCallback(pl.Callback):
+    class GlmperfCallback(base):
         """Measures a Lightning Trainer's fit as a glmperf run (see the module docstring)."""
 
         def __init__(self, *, tokens_of: TokensOf | None = None, **options: Any) -> None:
@@ -106,7 +107,7 @@ def _build() -> type:
 
 def _batch_size(batch: Any) -> int:
     """Samples in a batch: the first dimension of its first tensor (0 when it has none)."""
-    first = batch.get("input_ids", next(iter(batch.values()), None)) if isinstance(batch, dict) else \
+    first: Any = batch.get("input_ids", next(iter(batch.values()), None)) if isinstance(batch, dict) else \
         batch[0] if isinstance(batch, (list, tuple)) and batch else batch
     return int(first.shape[0]) if hasattr(first, "shape") and len(first.shape) else 0
 

@@ -138,7 +138,7 @@ def _host(trace: Trace) -> pd.DataFrame:
     out = pd.DataFrame({"role": role[keep], "thread": host["thread"].to_numpy(), "ts": host["ts"].to_numpy(),
                         "dur": host["dur"].to_numpy()})
     named = np.isin(out["role"].to_numpy(), (OP, BACKEND, WAIT))
-    lookup = np.append(np.asarray(trace.names, dtype=object), None)
+    lookup = np.array([*trace.names, None], dtype=object)
     for column, source in (("name", "name"), ("dims", "input_dims"), ("types", "input_types")):
         values = np.full(len(out), None, dtype=object)
         values[named] = lookup[host[source].to_numpy()[named]]
@@ -235,7 +235,8 @@ def analyze(trace: Trace, steps: int, window: Window | None = None) -> dict[str,
     training = host[~host["thread"].isin(workers)]
     busy = intervals.difference(_spans(training[training["role"] == ATEN]),
                                 _spans(training[training["role"].isin((OP, WAIT))]))
-    for kind, part in ops.groupby("kind", sort=False):
+    for key, part in ops.groupby("kind", sort=False):
+        kind = str(key)  # one of OPS's kinds
         if name == "nccl":
             time_us, exposed_us = gpu.get(kind, (math.nan, math.nan))
         else:

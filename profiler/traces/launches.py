@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from profiler.traces.window import LAUNCHES, Window
 
 
@@ -22,7 +20,7 @@ def analyze(window: Window) -> dict[str, Any]:
     pairs = calls.merge(window.gpu[["correlation", "ts", "dur"]], on="correlation", suffixes=("_cpu", "_gpu"))
     if pairs.empty:
         return {}
-    delay = np.clip(pairs["ts_gpu"] - pairs["ts_cpu"] - pairs["dur_cpu"], 0, None)
+    delay = (pairs["ts_gpu"] - pairs["ts_cpu"] - pairs["dur_cpu"]).clip(lower=0)
     return {"launch_delay_us": {"mean": float(delay.mean()), "p50": float(delay.median()),
                                 "p90": float(delay.quantile(0.9))},
             "short_kernel_share": float((pairs["dur_gpu"] < pairs["dur_cpu"]).mean()),

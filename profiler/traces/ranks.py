@@ -26,7 +26,7 @@ def analyze(steps: pd.DataFrame, per_rank: Mapping[int, Mapping[str, Any]]) -> d
         typical = float(medians.median())
         slow = medians[medians > STRAGGLER_OVER * typical].sort_values(ascending=False)
         out["stragglers"] = [{"rank": int(r), "median_step_s": float(s), "over_median": float(s / typical)}
-                             for r, s in slow.items()]
+                             for r, s in zip(slow.index, slow, strict=True)]
     comm = {r: f["comm_time_s"] / f["window_steps"] for r, f in per_rank.items()
             if f.get("comm_time_s") and f.get("window_steps")}
     if len(comm) >= 2:

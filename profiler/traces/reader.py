@@ -14,13 +14,17 @@ uses; metadata, flow, instant and counter events are skipped (HTA drops them too
 
 from __future__ import annotations
 
+import functools
 import gzip
+import io
 import itertools
+import operator
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Union
+from types import GenericAlias
+from typing import Any
 
 import numpy as np
 import orjson
@@ -88,7 +92,8 @@ try:  # msgspec decodes straight into typed records, skipping the fields not nam
                      for ph in "BEiIbnesftMCPONDRc()")
     """The other phases of the trace event format: decoded to an empty record, their fields skipped."""
 
-    _DECODER: Any = msgspec.json.Decoder(list[Union[(_Event, *_SKIPPED)]])  # noqa: UP007 - a union built at run time
+    # list[_Event | _Skipped66 | ...]: a union built at run time
+    _DECODER: Any = msgspec.json.Decoder(GenericAlias(list, functools.reduce(operator.or_, _SKIPPED, _Event)))
     _NO_ARGS = _Args()
 except ImportError:  # orjson's dicts: the same columns, slower
     _DECODER = None
@@ -166,7 +171,7 @@ class _Columns:
         pairs, pair_values = pd.factorize(pids * len(tid_values) + tids)
         put["thread"].append(np.array([self.threads.setdefault(
             f"{pid_values[v // len(tid_values)]}/{tid_values[v % len(tid_values)]}", len(self.threads))
-            for v in pair_values], dtype=np.int64)[pairs])
+            for v in pair_values.tolist()], dtype=np.int64)[pairs])
         put["pid"].append(np.array([p if isinstance(p, int) else -1 for p in fields["pid"]], dtype=np.int64))
         for f in ("ts", "dur"):
             put[f].append(np.asarray(fields[f], dtype=np.float64))
@@ -193,13 +198,13 @@ def _int(value: Any) -> int:
         return -1
 
 
-def _open(path: Path) -> IO[bytes]:
+def _open(path: Path) -> io.BufferedIOBase:
     with open(path, "rb") as probe:
         gzipped = probe.read(2) == b"\x1f\x8b"
     return gzip.open(path, "rb") if gzipped else open(path, "rb")  # noqa: SIM115 - the caller's `with` closes it
 
 
-def _blocks(fh: IO[bytes]) -> Iterator[bytes]:
+def _blocks(fh: io.BufferedIOBase) -> Iterator[bytes]:
     while True:
         block = fh.read(BLOCK_BYTES)
         if not block:
@@ -211,7 +216,7 @@ class _NotFast(Exception):
     """The fast path cannot cut this file into events; the streaming parser reads it instead."""
 
 
-def _fast_read(fh: IO[bytes], columns: _Columns) -> dict[str, Any]:
+def _fast_read(fh: io.BufferedIOBase, columns: _Columns) -> dict[str, Any]:
     """Parse block by block (module docstring); returns the top-level fields other than traceEvents."""
     blocks = _blocks(fh)
     head = b""
