@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast, overload
 
@@ -98,8 +98,16 @@ class StepMonitor(Protocol):
 class Pipeline(Protocol):
     """A pipeline schedule as the trainer and the later stages see it (optimizers.pipeline.PipelineRunner)."""
 
-    modules: list[nn.Module]
-    """The chunks of blocks the schedule calls (FSDP shards each as a root)."""
+    @property
+    def modules(self) -> Sequence[nn.Module]:
+        """The chunks of blocks the schedule calls (FSDP shards each as a root)."""
+        ...
+
+    @property
+    def chunk_blocks(self) -> list[nn.ModuleList]:
+        """Each chunk's blocks, in order (sequence parallelism wraps the first and last of each)."""
+        ...
+
     blocks: list[int]
     """The model's numbers of the blocks this rank keeps."""
 
