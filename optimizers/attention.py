@@ -129,7 +129,7 @@ def apply_attention(setup: TrainSetup, cfg: AttentionConfig, ctx: SetupContext) 
     """Set every block's `self_attn.attention_fn` to the configured implementation."""
     fn = ATTENTION[cfg.impl]
     # the plain model: a compiled or DDP-wrapped `setup.model` holds the same blocks
-    layers = blocks(setup.raw_model if setup.raw_model is not None else setup.model)
+    layers = blocks(setup.raw_model)
     for block in layers:
         block.self_attn.attention_fn = fn
     setup.note("attention", f"{cfg.impl} attention ({fn.__name__}) in {len(layers)} blocks")

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast, overload
 
 import torch
 from torch import nn
@@ -98,8 +98,16 @@ class StepMonitor(Protocol):
 class Pipeline(Protocol):
     """A pipeline schedule as the trainer and the later stages see it (optimizers.pipeline.PipelineRunner)."""
 
-    modules: list[nn.Module]
-    """The chunks of blocks the schedule calls (FSDP shards each as a root)."""
+    @property
+    def modules(self) -> Sequence[nn.Module]:
+        """The chunks of blocks the schedule calls (FSDP shards each as a root)."""
+        ...
+
+    @property
+    def chunk_blocks(self) -> list[nn.ModuleList]:
+        """Each chunk's blocks, in order (sequence parallelism wraps the first and last of each)."""
+        ...
+
     blocks: list[int]
     """The model's numbers of the blocks this rank keeps."""
 
@@ -176,20 +184,54 @@ class TrainSetup:
             yield
 
 
-def blocks(model: nn.Module) -> nn.ModuleList:
+class SelfAttention(Protocol):
+    """What the switches set of a block's `self_attn`."""
+
+    attention_fn: Callable[..., torch.Tensor]
+    """`fn(q, k, v, *, mask, scale) -> Tensor` (optimizers.attention.AttentionFn), replaced by the attention switch."""
+
+
+class FeedForward(Protocol):
+    """What the switches read and replace of a block's `mlp`: a SwiGLU, its gate rows first in `gate_up_proj`."""
+
+    gate_up_proj: nn.Linear
+    down_proj: nn.Linear
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
+
+
+if TYPE_CHECKING:
+    # Typing only: a block is an nn.Module *and* has these two attributes, which a checker can only be told
+    # as a subclass; no model derives from it. `blocks` returns its list typed so.
+    class Block(nn.Module):
+        self_attn: SelfAttention
+        mlp: FeedForward
+
+    class BlockList(nn.ModuleList):
+        def __iter__(self) -> Iterator[Block]: ...
+        @overload
+        def __getitem__(self, idx: slice) -> BlockList: ...
+        @overload
+        def __getitem__(self, idx: int) -> Block: ...
+        def __getitem__(self, idx: int | slice) -> Block | BlockList: ...
+
+
+def blocks(model: nn.Module) -> BlockList:
     """The model protocol: `model.blocks` is the list of transformer blocks, in order.
 
     Each block has `self_attn` (with an `attention_fn` attribute the attention switch replaces,
     `num_heads` and `num_key_value_heads`, and `q_proj`, `k_proj`, `v_proj`, `o_proj` Linears)
     and `mlp` (with `gate_up_proj` and `down_proj` Linears, gate first). Blocks may be replaced
-    in the list (parameter sharing) or have their `forward` wrapped (checkpointing).
+    in the list (parameter sharing) or have their `forward` wrapped (checkpointing). What the switches
+    touch of a block by name is typed by `SelfAttention` and `FeedForward`; the head counts are optional
+    (`model_shape` is None without them).
     """
     found = getattr(model, "blocks", None)
     if not isinstance(found, nn.ModuleList):
         raise TypeError(
             f"{type(model).__name__} does not follow the optimizers model protocol: it needs a "
             "`blocks` nn.ModuleList of transformer blocks (see optimizers.base.blocks)")
-    return found
+    return cast("BlockList", found)
 
 
 class Switches(Section):

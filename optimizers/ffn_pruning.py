@@ -27,7 +27,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from optimizers.base import Optimization, SetupContext, TrainSetup, blocks
+from optimizers.base import FeedForward, Optimization, SetupContext, TrainSetup, blocks
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
 from optimizers.vocabulary import Bottleneck
@@ -47,7 +47,7 @@ class FfnPruningConfig(Section):
         self.check_range("sparsity", lo=0.0, hi=1.0, hi_open=True)
 
 
-def _unique_mlps(model: nn.Module) -> list[nn.Module]:
+def _unique_mlps(model: nn.Module) -> list[FeedForward]:
     """Each block's `mlp` once, in order (shared blocks appear several times in the blocks list)."""
     return list({id(block.mlp): block.mlp for block in blocks(model)}.values())
 
@@ -70,7 +70,7 @@ class MagnitudeMasks:
     """Fixed masks over some weights: zeroes them now, masks their gradients, and re-zeroes them
     when called (a post-step hook: weight decay or momentum must not revive a pruned weight)."""
 
-    def __init__(self, weights: list[nn.Parameter], sparsity: float) -> None:
+    def __init__(self, weights: list[Tensor], sparsity: float) -> None:
         self.pairs = [(w, magnitude_mask(w, sparsity)) for w in weights]
         for weight, mask in self.pairs:
             # zero the gradient where pruned, so Adam's moments of those entries stay exactly zero
@@ -92,7 +92,7 @@ class MagnitudeMasks:
 # structured
 
 
-def channel_importance(mlp: nn.Module) -> Tensor:
+def channel_importance(mlp: FeedForward) -> Tensor:
     """(I,) importance of each FFN unit: ||gate row|| * ||up row|| * ||down column||."""
     gate, up = mlp.gate_up_proj.weight.detach().float().chunk(2, dim=0)  # (I, d) each: gate first
     down = mlp.down_proj.weight.detach().float()  # (d, I)
@@ -111,7 +111,7 @@ def _linear_like(old: nn.Linear, weight: Tensor, bias: Tensor | None) -> nn.Line
 
 
 @torch.no_grad()
-def prune_channels(mlp: nn.Module, sparsity: float) -> tuple[int, int]:
+def prune_channels(mlp: FeedForward, sparsity: float) -> tuple[int, int]:
     """Keep the I - round(S * I) most important units (at least one) of a SwiGLU mlp, in their
     original order, in new smaller Linears. Returns (units before, units after)."""
     gate_up, down = mlp.gate_up_proj, mlp.down_proj

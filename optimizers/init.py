@@ -42,10 +42,12 @@ class InitConfig(Section):
         self.check_range("std", lo=0.0, lo_open=True)
 
 
-def _is_norm(module: nn.Module) -> bool:
+def _norm_weight(module: nn.Module) -> nn.Parameter | None:
+    """The scale of a norm layer (a module named *Norm with a 1-d `weight`); None for any other module."""
     weight = getattr(module, "weight", None)
-    return (type(module).__name__.endswith("Norm") and isinstance(weight, nn.Parameter)
-            and weight.dim() == 1)
+    if type(module).__name__.endswith("Norm") and isinstance(weight, nn.Parameter) and weight.dim() == 1:
+        return weight
+    return None
 
 
 @torch.no_grad()
@@ -68,10 +70,10 @@ def init_weights(model: nn.Module, scheme: str, std: float) -> dict[str, int]:
             if module.padding_idx is not None:
                 module.weight[module.padding_idx].zero_()
             counts["embedding"] += 1
-        elif _is_norm(module):
-            nn.init.ones_(module.weight)
-            if isinstance(getattr(module, "bias", None), nn.Parameter):
-                nn.init.zeros_(module.bias)
+        elif (weight := _norm_weight(module)) is not None:
+            nn.init.ones_(weight)
+            if isinstance(bias := getattr(module, "bias", None), nn.Parameter):
+                nn.init.zeros_(bias)
             counts["norm"] += 1
     return counts
 

@@ -63,7 +63,7 @@ def owners(num_layers: int, mode: str, group_size: int) -> list[int]:
 def _refuse_disagreeing_duplicates(owner_of: list[int]) -> Any:
     """A load_state_dict pre-hook for the blocks list: a shared block's keys must all agree."""
 
-    def hook(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any, strict: bool,
+    def hook(module: nn.ModuleList, state_dict: dict[str, Any], prefix: str, local_metadata: Any, strict: bool,
              missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
         for i, owner in enumerate(owner_of):
             if i == owner:

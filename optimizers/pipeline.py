@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,34 @@ from torch import Tensor, nn
 from optimizers.base import SetupContext, Stage, TrainSetup
 from optimizers.parallel import ParallelConfig
 
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
+    from torch.distributed.pipelining.stage import _PipelineStageBase  # what torch's schedules take a list of
+
+
+class Decoder(Protocol):
+    """A staged model's decoder (`model.model`): the parts a stage registers; the embedding and the final
+    norm are None on the stages that `keep_stage` left without them."""
+
+    @property
+    def layers(self) -> nn.ModuleList: ...
+    @property
+    def embed_tokens(self) -> nn.Module | None: ...
+    @property
+    def norm(self) -> nn.Module | None: ...
+
+
+class StagedModel(Protocol):
+    """The model protocol's pipeline part, beside `blocks` (reference_model.model.GLMForCausalLM has it):
+    the decoder's parts and lm_head by their HF names, `keep_stage` and `stage_forward`."""
+
+    @property
+    def model(self) -> Decoder: ...
+    @property
+    def lm_head(self) -> nn.Module | None: ...
+    def keep_stage(self, numbers: list[int]) -> None: ...
+    def stage_forward(self, x: Tensor, start: int = 0, stop: int | None = None) -> Tensor: ...
+
 
 class StageModule(nn.Module):
     """What the schedule calls for one chunk of the rank's kept blocks, [start, stop): the model's
@@ -33,13 +61,14 @@ class StageModule(nn.Module):
     it begins the model, the final norm and lm_head where it ends it), since the schedule scales each
     chunk's gradients by 1/m and FSDP shards each chunk as a root."""
 
-    def __init__(self, model: nn.Module, start: int, stop: int) -> None:
+    def __init__(self, model: StagedModel, start: int, stop: int) -> None:
         super().__init__()
         inner = model.model
         self.layers = nn.ModuleList(inner.layers[start:stop])
         self.embed_tokens = inner.embed_tokens if start == 0 else None
         ends = stop == len(inner.layers)
-        self.norm, self.lm_head = (inner.norm, model.lm_head) if ends else (None, None)
+        self.norm: nn.Module | None = inner.norm if ends else None
+        self.lm_head: nn.Module | None = model.lm_head if ends else None
         self._forward = partial(model.stage_forward, start=start, stop=stop)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -64,8 +93,8 @@ class PipelineRunner:
     """Runs one batch through the schedule on this rank and returns the batch's mean loss on every
     rank of the pipeline (the last stage computes it and broadcasts it)."""
 
-    schedule: Any
-    modules: list[nn.Module]
+    schedule: PipelineScheduleSingle | PipelineScheduleMulti
+    modules: list[StageModule]
     """The rank's chunks (one unless interleaved), which the schedule calls once per micro-batch each."""
     blocks: list[int]
     """The model's numbers of the rank's kept blocks 0, 1, ... (checkpoints are saved under these)."""
@@ -87,13 +116,18 @@ class PipelineRunner:
         dist.broadcast(loss, src=self.last_rank, group=self.group)
         return loss
 
+    @property
+    def chunk_blocks(self) -> list[nn.ModuleList]:
+        """Each chunk's blocks, in order."""
+        return [module.layers for module in self.modules]
+
 
 def apply_pipeline(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> None:
     mesh = setup.mesh["pp"]
     stage = mesh.get_local_rank()
     assert ctx.shape is not None  # apply_all reads it off the model
     chunks = stage_blocks(stage, cfg, ctx.shape.num_layers)
-    model = setup.raw_model
+    model = cast(StagedModel, setup.raw_model)  # the model protocol's pipeline part, which a pipeline needs
     kept = [n for chunk in chunks for n in chunk]
     model.keep_stage(kept)
     group = mesh.get_group()
@@ -102,9 +136,10 @@ def apply_pipeline(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) ->
 
     size, count = len(chunks[0]), cfg.pp * len(chunks)
     modules = [StageModule(model, i * size, (i + 1) * size) for i in range(len(chunks))]
-    stages = [PipelineStage(module, stage + i * cfg.pp, count, ctx.device, group=group)
-              for i, module in enumerate(modules)]
+    stages: list[_PipelineStageBase] = [PipelineStage(module, stage + i * cfg.pp, count, ctx.device, group=group)
+                                        for i, module in enumerate(modules)]
     m = cfg.pipeline_microbatches
+    schedule: PipelineScheduleSingle | PipelineScheduleMulti
     if cfg.schedule == "interleaved_1f1b":
         schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=stage_loss)
     else:

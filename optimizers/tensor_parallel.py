@@ -120,7 +120,7 @@ def apply_tensor_parallel(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupCont
             fused.copy_(interleave_gate_up(fused, cfg.tp))
         parallelize_module(block, mesh, plan)
     if cfg.sequence_parallel:  # around each chunk a pipeline schedule calls, or the whole model
-        for chunk in [m.layers for m in setup.pipeline.modules] if setup.pipeline is not None else [layers]:
+        for chunk in setup.pipeline.chunk_blocks if setup.pipeline is not None else [layers]:
             _shard_the_sequence(list(chunk), mesh)
     setup.note("tensor_parallel", f"{len(layers)} blocks split {cfg.tp} ways: q, k, v and gate/up colwise, o and "
                                   "down rowwise (whole heads per rank, key/value heads split alike); "

@@ -263,6 +263,7 @@ class WindowDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         if self._path is not None:
+            assert self.tokens is not None, "a path is a memmap's filename: tokens come with it"
             state["tokens"] = None
             state["_dtype"] = self.tokens.dtype
         return state

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 MASK_ID, SOP_ID, EOP_ID, PAD_ID = 256, 259, 260, 263
 """The byte tokenizer's ids (reference_model.data); repeated here so this module stands alone."""
@@ -132,7 +133,9 @@ def build_sample_from_spans(tokens: np.ndarray | Sequence[int], spans: Sequence[
         keep[start + 1:end] = 0
     position = np.cumsum(keep) - 1
 
-    a_ids, a_pos, last = [], [], 0
+    a_ids: list[ArrayLike] = []  # slices of tokens and positions, each span's one-id slot between them
+    a_pos: list[ArrayLike] = []
+    last = 0
     for start, end in spans:
         a_ids += [tokens[last:start], [MASK_ID]]
         a_pos += [position[last:start], [position[start]]]
@@ -142,7 +145,10 @@ def build_sample_from_spans(tokens: np.ndarray | Sequence[int], spans: Sequence[
     a_ids_arr = np.concatenate(a_ids).astype(np.int64)
     sep = len(a_ids_arr)
 
-    b_ids, b_tgt, b_pos, b_block = [], [], [], []
+    b_ids: list[ArrayLike] = []
+    b_tgt: list[ArrayLike] = []
+    b_pos: list[ArrayLike] = []
+    b_block: list[ArrayLike] = []
     for i in order:
         start, end = spans[i]
         span = tokens[start:end]
@@ -151,7 +157,7 @@ def build_sample_from_spans(tokens: np.ndarray | Sequence[int], spans: Sequence[
         b_pos.append(np.full(end - start + 1, position[start]))
         b_block.append(np.arange(1, end - start + 2))
 
-    def cat(parts: list) -> np.ndarray:
+    def cat(parts: list[ArrayLike]) -> np.ndarray:
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
     b_ids_arr = cat(b_ids)

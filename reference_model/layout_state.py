@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -110,8 +110,9 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer,
 
     # a pipeline stage's tensors are whole on their rank: gathered below, so no offload to rank 0 only
     options = StateDictOptions(full_state_dict=True, cpu_offload=lay.pp_group is None)
-    model_sd = get_model_state_dict(model, options=options)
-    optim_sd = get_optimizer_state_dict(model, optimizer, options=options)
+    # full state dicts: every value a whole tensor (torch types them as anything a state dict may hold)
+    model_sd = cast("dict[str, torch.Tensor]", get_model_state_dict(model, options=options))
+    optim_sd = cast("dict[str, Any]", get_optimizer_state_dict(model, optimizer, options=options))
     if lay.pp_group is not None:
         if not lay.gathers:
             return None

@@ -16,6 +16,7 @@ The data pipeline does the shift once, which lets blank infilling put its target
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,8 @@ from reference_model.config import GLMConfig
 
 IGNORE_INDEX = -100
 """Label value that the loss skips (padding, the bidirectional Part A of blank infilling)."""
+
+_STAGE_ONLY = "this model is a pipeline stage (keep_stage dropped an end of it): it runs only stage_forward"
 
 
 @dataclass
@@ -52,6 +55,9 @@ class RMSNorm(nn.Module):
 
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for partial, interleaved (GPT-J style) RoPE; computed once per forward."""
+
+    inv_freq: Tensor
+    """(rd/2,) fp32 frequencies, a buffer."""
 
     def __init__(self, config: GLMConfig) -> None:
         super().__init__()
@@ -146,14 +152,17 @@ class GLMModel(nn.Module):
 
     def __init__(self, config: GLMConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
-                                         padding_idx=config.pad_token_id)
+        # the embedding and the final norm are None on a pipeline stage that keeps neither end (keep_stage)
+        self.embed_tokens: nn.Embedding | None = nn.Embedding(config.vocab_size, config.hidden_size,
+                                                              padding_idx=config.pad_token_id)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm: RMSNorm | None = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
     def forward(self, input_ids: Tensor, position_ids: Tensor | None,
                 attention_mask: Tensor | None) -> Tensor:
+        if self.embed_tokens is None or self.norm is None:
+            raise RuntimeError(_STAGE_ONLY)
         B, T = input_ids.shape
         x = self.embed_tokens(input_ids)  # (B, T, d); no embedding scaling in GLM-4
         if position_ids is None:
@@ -179,7 +188,8 @@ class GLMForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = GLMModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # untied (GLM-4)
+        # untied (GLM-4); None on a pipeline stage that does not end the model (keep_stage)
+        self.lm_head: nn.Linear | None = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.init_weights()
 
     @property
@@ -192,7 +202,7 @@ class GLMForCausalLM(nn.Module):
         """HF's init: Linear and Embedding N(0, std) (initializer_range by default), biases and the
         padding row zero, norm weights one. On the meta device (shape-only models, for counting)
         there is nothing to fill, so it returns at once."""
-        if self.lm_head.weight.is_meta:
+        if any(p.is_meta for p in self.parameters()):
             return
         std = self.config.initializer_range if std is None else std
         for module in self.modules():
@@ -220,6 +230,8 @@ class GLMForCausalLM(nn.Module):
         labels: (B, T), ALREADY ALIGNED: labels[b, t] is the target of position t (no shift here);
             -100 is ignored.
         """
+        if self.lm_head is None:
+            raise RuntimeError(_STAGE_ONLY)
         x = self.model(input_ids, position_ids, attention_mask)  # (B, T, d)
         logits = self.lm_head(x)  # (B, T, V)
         loss = None
@@ -251,7 +263,7 @@ class GLMForCausalLM(nn.Module):
         cos, sin = inner.rotary_emb(torch.arange(T, device=x.device).expand(B, T), x.dtype)
         for block in inner.layers[start:stop]:
             x = block(x, cos, sin, None)
-        if stop == len(inner.layers) and self.lm_head is not None:
+        if stop == len(inner.layers) and self.lm_head is not None and inner.norm is not None:
             x = self.lm_head(inner.norm(x))  # (B, T, V)
         return x
 
@@ -284,3 +296,10 @@ class GLMForCausalLM(nn.Module):
         """The 12*L*H*Q*T term of `flops_per_token`: the softmax attention's QK^T and AV matmuls,
         the part that grows with the sequence (the diagnosis calls attention long-sequence bound by it)."""
         return 12.0 * len(self.blocks) * self.config.num_attention_heads * self.config.head_dim * seq_len
+
+
+if TYPE_CHECKING:  # the checker holds the model to the pipeline's protocol (optimizers.pipeline casts to it)
+    from optimizers.pipeline import StagedModel
+
+    def _staged(model: GLMForCausalLM) -> StagedModel:
+        return model

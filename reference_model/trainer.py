@@ -94,6 +94,14 @@ class Trainer:
         self._call("on_event", event)
 
     # -- state ------------------------------------------------------------------------------
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The setup's optimizer, which `apply_all` always builds (the optimizer switch is applied in every
+        setup, its defaults included); `TrainSetup.optimizer` is None only while the switches apply."""
+        optimizer = self.setup.optimizer
+        assert optimizer is not None, "apply_all builds the optimizer: switches.optimizer is always applied"
+        return optimizer
+
     def _batch_size(self) -> int:
         ctl = self.setup.batch_controller
         return ctl.batch_size if ctl is not None else self.train_cfg.batch_size
@@ -106,7 +114,7 @@ class Trainer:
             return t.numel() * t.element_size()
 
         params = list({id(p): p for p in self.setup.raw_model.parameters()}.values())
-        state = self.setup.optimizer.state.values()
+        state = self.optimizer.state.values()
         return {"params": sum(local(p) for p in params),
                 "grads": sum(local(p.grad) for p in params if p.grad is not None),
                 "optimizer": sum(local(v) for s in state for v in s.values() if isinstance(v, torch.Tensor))}
@@ -115,7 +123,7 @@ class Trainer:
         """The checkpoint after `step` on rank 0 (None elsewhere): model and optimizer in the one-process
         form (reference_model.layout_state), so that any layout resumes it."""
         s = self.setup
-        full = full_state(s.raw_model, s.optimizer, self.state_layout)
+        full = full_state(s.raw_model, self.optimizer, self.state_layout)
         if full is None:
             return None
         return {
@@ -139,7 +147,7 @@ class Trainer:
             return
         step, state, path = found
         s = self.setup
-        load_full_state(s.raw_model, s.optimizer, state["model"], state["optimizer"], self.state_layout)
+        load_full_state(s.raw_model, self.optimizer, state["model"], state["optimizer"], self.state_layout)
         if s.scheduler is not None and state["scheduler"] is not None:
             s.scheduler.load_state_dict(state["scheduler"])
         if s.scaler is not None and state["scaler"] is not None:
@@ -219,7 +227,7 @@ class Trainer:
         s = self.setup
         t0 = time.perf_counter()
         self._call("on_step_start", step)
-        s.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
         micro = []
         for _ in range(s.accumulation_steps):
             with self.phase(step, "data"):
@@ -239,7 +247,7 @@ class Trainer:
         with self.phase(step, "optimizer"):
             loss = torch.stack(losses).sum()  # the mean over every labelled token of the step
             if s.scaler is not None:
-                s.scaler.unscale_(s.optimizer)
+                s.scaler.unscale_(self.optimizer)
             grad_norm = total_grad_norm(self.params, group=s.grad_norm_group)
             if s.clip_grad_norm > 0:
                 clip_grads(self.params, s.clip_grad_norm, grad_norm)
@@ -247,16 +255,16 @@ class Trainer:
             scale = None
             if s.scaler is not None:
                 before = s.scaler.get_scale()
-                s.scaler.step(s.optimizer)  # skips the update by itself when grads hold inf/NaN
+                s.scaler.step(self.optimizer)  # skips the update by itself when grads hold inf/NaN
                 s.scaler.update()
                 scale = s.scaler.get_scale()
                 skipped = skipped or scale < before
             elif not skipped:
-                s.optimizer.step()
+                self.optimizer.step()
             if not skipped:
                 for hook in s.post_step_hooks:
                     hook()
-            lr = s.optimizer.param_groups[0]["lr"]
+            lr = self.optimizer.param_groups[0]["lr"]
             s.step_scheduler(float(loss) if s.scheduler_wants_loss else None)  # plateau: a sync, noted
         grad_norm = grad_norm.detach()
         return StepRecord(step=step, batch_size=batch["input_ids"].shape[0], micro_batches=s.accumulation_steps,
@@ -285,7 +293,7 @@ class Trainer:
         self.emit(event)
         if s.nan_guard == "stop":
             raise NonFiniteLossError(f"non-finite loss/gradients at step {step}: {event}")
-        s.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
         return True
 
     def _watch(self, *, wait: bool) -> None:
