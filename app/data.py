@@ -87,7 +87,7 @@ def records(runs_dir: Path) -> list[RunRecord]:
 
 def _switches_changed(r: RunRecord) -> str:
     try:
-        changed = report_run.preset_changes(r.config, r.world_size)
+        changed = report_run.preset_changes(r)
     except ConfigError:
         return "preset not known"
     return ", ".join(c for c in changed if c.startswith("switches.")) or "none"

@@ -10,13 +10,17 @@ directory exists.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from optimizers import SwitchesConfig, check_all
 from optimizers.config import ConfigError, build_section, section_to_dict
+from profiler.metrics import flatten, lookup
 from profiler.settings import CONFIGS_DIR, ProfileConfig, parse_override, read_yaml, shipped_presets
 from reference_model.config import PRESETS, DataConfig, GLMConfig, TrainConfig, resolve_model_section
 from reference_model.context import resolve_device, setup_context
@@ -154,3 +158,16 @@ def validate(cfg: RunConfig, *, nproc: int = 1) -> None:
     ctx = setup_context(cfg.train, cfg.data, device=device, rank=0, world_size=nproc,
                         memory_budget_bytes=cfg.memory_budget_bytes, model=cfg.model)
     check_all(cfg.switches, ctx)
+
+
+@functools.cache
+def _preset_flat(preset: Any, world_size: int) -> dict[str, Any]:
+    """A preset's resolved config as run.json stores it, flattened (once per preset)."""
+    return flatten(json.loads(json.dumps(load_config(preset=preset, nproc=world_size).to_dict(), default=str)))
+
+
+def preset_changes(config: Mapping[str, Any], world_size: int) -> list[str]:
+    """The keys of a stored config whose values differ from its preset's, as `key=value` a user would type;
+    ConfigError when the preset is not known."""
+    ref, ours = _preset_flat(lookup(config, "model.preset"), world_size), flatten(config)
+    return [f"{k}={ours[k]}" for k in sorted(ours) if k != "name" and ref.get(k) != ours[k]]

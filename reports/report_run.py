@@ -6,17 +6,14 @@ interrupted, running or killed run's report says so and shows what was measured.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Mapping
-from functools import cache
 from typing import Any
 
 import plotly.graph_objects as go
 
 from optimizers.config import ConfigError
 from profiler import text
-from profiler.analysis import RunData, summary_of
-from profiler.config import load_config
+from profiler.analysis import RunData, RunRecord, summary_of
 from profiler.metrics import flatten, lookup
 from profiler.settings import settings_text
 from reports import figures_advice, figures_machine, figures_run, html
@@ -44,23 +41,21 @@ def diagnosis_of(run: RunData, summary: Mapping[str, Any]) -> dict[str, Any]:
     return advise(run)
 
 
-@cache
-def _preset_config(preset: Any, world_size: int) -> dict[str, Any]:
-    """A preset's resolved config, flattened (once per preset: listing many runs asks it for each)."""
-    return flatten(json.loads(json.dumps(load_config(preset=preset, nproc=world_size).to_dict(), default=str)))
+def preset_changes(run: RunRecord) -> list[str]:
+    """The config keys whose values differ from the run's preset, as `key=value` a user would type;
+    ConfigError when the preset is not known. profile-run stores them with the run; for a run stored
+    without them they are computed now, which imports torch (the preset's config needs the catalog)."""
+    if run.preset_changes is not None:
+        return run.preset_changes
+    from profiler.config import preset_changes as computed
 
-
-def preset_changes(config: Mapping[str, Any], world_size: int) -> list[str]:
-    """The config keys whose values differ from the config's preset, as `key=value` a user would type;
-    ConfigError when the preset is not known."""
-    ref, ours = _preset_config(lookup(config, "model.preset"), world_size), flatten(config)
-    return [f"{k}={ours[k]}" for k in sorted(ours) if k != "name" and ref.get(k) != ours[k]]
+    return computed(run.config, run.world_size)
 
 
 def changed_from_preset(run: RunData) -> str:
     """The config keys whose values differ from the run's preset, as `key=value` a user would type."""
     try:
-        changed = preset_changes(run.config, run.world_size)
+        changed = preset_changes(run)
     except ConfigError as exc:
         return f"not known ({exc})"
     return ", ".join(changed) or "nothing: the preset as shipped"

@@ -97,6 +97,13 @@ class RunRecord:
         return int(self._profile("warmup_steps"))
 
     @property
+    def preset_changes(self) -> list[str] | None:
+        """The config keys changed from the run's preset, as `key=value` (stored when profile-run made the
+        run); None for a run stored without them."""
+        changed = self.record.get("preset_changes")
+        return [str(c) for c in changed] if isinstance(changed, list) else None
+
+    @property
     def memory_budget_gb(self) -> float:
         """config.profile.memory_budget_gb (0: the device's, or on CPU the machine's, memory)."""
         return float(self._profile("memory_budget_gb"))

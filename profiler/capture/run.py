@@ -13,17 +13,20 @@ the environment record, the peak the MFU divides by, the setup context and the i
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from optimizers.config import ConfigError
 from profiler import store
 from profiler.capture.finish import finalize, measured_peaks
 from profiler.capture.launch import launch_ranks
 from profiler.capture.ranks import run_rank
-from profiler.config import RunConfig
+from profiler.config import RunConfig, preset_changes
 from profiler.instruments.machine import environment
 from reference_model.context import resolve_device
 from reference_model.hooks import TrainerHook
@@ -33,16 +36,20 @@ def create_run_dir(cfg: RunConfig, *, runs_dir: Path | None, nproc: int, launche
                    links: dict[str, Any] | None = None, device: torch.device | None = None) -> Path:
     """The run directory with run.json (`running`, the resolved config, this machine's environment).
 
-    With `launcher`, the peak MFU divides by is measured now, before any rank starts, so even a
-    run killed midway has its MFU. `launcher=False` when ranks are started elsewhere (`glmperf
-    init-run`): no process of ours watches the run, so liveness is judged by the ranks' heartbeats
-    alone, and the peak is measured at finalize. `links` are run.json fields that tie the run to
-    what it was made for (`verifies`, `sweep`, `tune`). `device`: the run's, when the caller has
-    resolved it already.
+    `preset_changes` are stored now, while the config's code is loaded, so that a report or the
+    dashboard reads them without importing torch. With `launcher`, the peak MFU divides by is measured
+    now, before any rank starts, so even a run killed midway has its MFU. `launcher=False` when ranks
+    are started elsewhere (`glmperf init-run`): no process of ours watches the run, so liveness is
+    judged by the ranks' heartbeats alone, and the peak is measured at finalize. `links` are run.json
+    fields that tie the run to what it was made for (`verifies`, `sweep`, `tune`). `device`: the
+    run's, when the caller has resolved it already.
     """
     device = device if device is not None else resolve_device(cfg.train.device)
-    record: dict[str, Any] = {"config": cfg.to_dict(), "world_size": nproc,
+    config = json.loads(json.dumps(cfg.to_dict(), default=str))  # as run.json will hold it
+    record: dict[str, Any] = {"config": config, "world_size": nproc,
                               "environment": environment(device, world_size=nproc), **(links or {})}
+    with contextlib.suppress(ConfigError):  # readers compute them later, as for a run stored without them
+        record["preset_changes"] = preset_changes(config, nproc)
     if launcher:
         record.update(measured_peaks(device, cfg.switches.amp.dtype))
     else:
