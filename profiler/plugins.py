@@ -18,16 +18,25 @@ result (a file it wrote) it prints.
 
 from __future__ import annotations
 
+import argparse
 from functools import cache
 from importlib.metadata import entry_points
 from pathlib import Path
-from types import ModuleType
+from typing import Protocol
 
 GROUP = "glmperf.commands"
 
 
+class Command(Protocol):
+    """A command module, glmperf's own or a plugin: what the command line calls on it."""
+
+    def add_parser(self, subparsers: argparse._SubParsersAction) -> None: ...
+
+    def main(self, args: argparse.Namespace) -> int: ...
+
+
 @cache
-def commands() -> dict[str, ModuleType]:
+def commands() -> dict[str, Command]:
     """The registered command modules by subcommand name (none when the package is not installed)."""
     return {ep.name: ep.load() for ep in entry_points(group=GROUP)}
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from types import ModuleType
 
 from profiler import plugins
 from profiler.cli import (
@@ -33,14 +32,14 @@ from profiler.cli import (
     tune,
 )
 
-COMMANDS: dict[str, ModuleType] = {
+COMMANDS: dict[str, plugins.Command] = {
     "runs": runs, "show": show, "finalize": finalize, "diagnose": diagnose, "recommend": recommend,
     "compare": compare, "sweep": sweep, "tune": tune, "import": import_traces, "plan": plan, "init-run": init_run,
 }
 """glmperf's own commands by name, in the order `glmperf --help` lists them (then the plugins')."""
 
 
-def commands() -> dict[str, ModuleType]:
+def commands() -> dict[str, plugins.Command]:
     """Every command: ours, then those registered by the packages above profiler (report, dashboard)."""
     registered = plugins.commands()
     taken = sorted(set(registered) & set(COMMANDS))
@@ -50,7 +49,7 @@ def commands() -> dict[str, ModuleType]:
     return {**COMMANDS, **registered}
 
 
-def parser(table: dict[str, ModuleType]) -> argparse.ArgumentParser:
+def parser(table: dict[str, plugins.Command]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="glmperf", description="glmperf: look at, diagnose and finish stored runs")
     sub = p.add_subparsers(dest="command", required=True)
     for module in table.values():
