@@ -3,9 +3,10 @@
 Every command is a module with `add_parser(subparsers)` and `main(args) -> exit code` (profiler/cli/
 for ours; the packages above profiler add theirs through profiler.plugins). Adding a command is its
 module and one COMMANDS line. Every command that reads runs takes `--runs-dir` (else $GLMPERF_RUNS,
-else ./runs) and accepts a run as a directory, a run id or a run name (the latest of that name),
-prints for people by default and JSON with `--json`, and exits 0 on success, 1 on a finding that
-fails, 2 on bad input with one line naming what is wrong (profiler.cli.common).
+else ./runs) and accepts a run as a directory, a run id or a run name (the latest of that name);
+one that prints a record prints it for people by default and as JSON with `--json`; every command
+exits 0 on success, 1 on a finding that fails, 2 on bad input with one line naming what is wrong
+(profiler.cli.common).
 
 Importing a command module costs no torch: the commands that train or plan import it in `main`, so
 `glmperf runs`, `show`, `diagnose` and `compare` start quickly.
