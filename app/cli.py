@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from profiler import store
+from profiler.cli import common
 
 APP = Path(__file__).resolve().parent / "streamlit_app.py"
 DEFAULT_PORT = 8501
@@ -29,24 +29,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "and their verification. It reads the runs directory as it changes, so a running run "
                     "updates while it runs.",
         epilog="example: glmperf dashboard --runs-dir runs --port 8501, then open http://localhost:8501")
-    p.add_argument("--runs-dir", type=Path, help="where runs are (default: $GLMPERF_RUNS or ./runs)")
+    common.add_runs_dir(p)
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the port to serve on (default {DEFAULT_PORT})")
 
 
 def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """The streamlit command line and its environment (the runs directory made absolute)."""
     if not 0 < args.port < 65536:
-        raise store.StoreError(f"--port: got {args.port}; allowed: 1 to 65535")
-    runs_dir = store.default_runs_dir(args.runs_dir).resolve()
+        raise common.BadInput(f"--port: got {args.port}; allowed: 1 to 65535")
+    runs_dir = common.runs_dir(args).resolve()
     if runs_dir.exists() and not runs_dir.is_dir():
-        raise store.StoreError(f"runs directory {runs_dir} is a file, not a directory")
+        raise common.BadInput(f"runs directory {runs_dir} is a file, not a directory")
     argv = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.port", str(args.port),
             "--server.headless", "true", "--browser.gatherUsageStats", "false"]
     return argv, {**os.environ, "GLMPERF_RUNS": str(runs_dir)}
 
 
 def main(args: argparse.Namespace) -> int:
-    """Replace this process with the Streamlit server; bad input raises StoreError (exit 2)."""
+    """Replace this process with the Streamlit server; bad input raises BadInput (exit 2)."""
     argv, env = command(args)
     print(f"dashboard: http://localhost:{args.port} (runs: {env['GLMPERF_RUNS']})", flush=True)
     os.execve(argv[0], argv, env)

@@ -9,9 +9,11 @@ them by name through the installed package's metadata, never by importing them:
     [project.entry-points."glmperf.commands"]
     report = "reports.cli"
 
-A command module has `add_parser(subparsers)` (cheap: import heavy libraries inside `main`),
-`main(args) -> int` (exit code), and optionally `after_run(run_dir) -> Path | None`, which
-profile-run calls when a run ends and whose result (a file it wrote) it prints.
+A command module is shaped like glmperf's own (profiler/cli/): `add_parser(subparsers)` (cheap:
+import heavy libraries inside `main`) and `main(args) -> int` (exit code; bad input raises
+profiler.cli.common.BadInput); it joins glmperf's table of commands (profiler.cli.main). It may
+also have `after_run(run_dir) -> Path | None`, which profile-run calls when a run ends and whose
+result (a file it wrote) it prints.
 """
 
 from __future__ import annotations
@@ -20,27 +22,30 @@ import argparse
 from functools import cache
 from importlib.metadata import entry_points
 from pathlib import Path
-from types import ModuleType
+from typing import Protocol
 
 GROUP = "glmperf.commands"
 
 
+class Command(Protocol):
+    """A command module, glmperf's own or a plugin: what the command line calls on it."""
+
+    def add_parser(self, subparsers: argparse._SubParsersAction) -> None: ...
+
+    def main(self, args: argparse.Namespace) -> int: ...
+
+
 @cache
-def commands() -> dict[str, ModuleType]:
+def commands() -> dict[str, Command]:
     """The registered command modules by subcommand name (none when the package is not installed)."""
     return {ep.name: ep.load() for ep in entry_points(group=GROUP)}
-
-
-def add_parsers(subparsers: argparse._SubParsersAction) -> None:
-    for module in commands().values():
-        module.add_parser(subparsers)
 
 
 def after_run(run_dir: Path) -> list[tuple[str, Path | str]]:
     """What each command writes for a run that just ended: (command, its file, or why it wrote none).
 
     A failure here never costs the run: the run is stored before this is called."""
-    written = []
+    written: list[tuple[str, Path | str]] = []
     for name, module in commands().items():
         hook = getattr(module, "after_run", None)
         if hook is None:

@@ -6,8 +6,8 @@
 
 Registered on the glmperf command line through the `glmperf.commands` entry point (profiler.plugins);
 profile-run calls `after_run` when a run ends, so every run directory gets its report.html. Exit 0
-with the path printed; 2 on bad input, in one line. plotly and jinja2 load only when a report is
-written, so `glmperf --help` stays quick.
+with the path printed; 2 on bad input, in one line (profiler.cli.common). plotly and jinja2 load
+only when a report is written, so `glmperf --help` stays quick.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from profiler import store
+from profiler.cli import common
 
-EXIT_OK = 0
 REPORT_FILE = "report.html"
 
 
@@ -30,25 +29,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         epilog="examples: glmperf report RUN; glmperf report --compare BASE CAND -o cmp.html; "
                "glmperf report --sweep SWEEP")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("run", nargs="?", help="run directory, run id or run name (the latest of that name)")
+    what.add_argument("run", nargs="?", help=common.RUN_HELP)
     what.add_argument("--compare", nargs="+", metavar="BASE", help="baseline run(s); without --vs, exactly BASE "
                       "CAND (a directory of runs stands for all of them)")
     what.add_argument("--sweep", metavar="SWEEP", help="a sweep directory, its sweep.json, or a sweep id")
     p.add_argument("--vs", nargs="+", metavar="CAND", help="candidate run(s) of --compare")
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="where to write the report")
-    p.add_argument("--runs-dir", type=Path, help="where runs are (default: $GLMPERF_RUNS or ./runs)")
+    common.add_runs_dir(p)
 
 
 def write_run_report(run_dir: Path, output: Path | None = None) -> Path:
     """Write the report of the run in `run_dir` (default: run_dir/report.html) and return its path."""
-    from profiler.analysis import load_run
     from reports import html
     from reports.report_run import run_report
 
-    run = load_run(run_dir)
-    if run.problems:
-        raise store.StoreError(f"run {run.id} is corrupt: {'; '.join(run.problems)}")
-    return html.write(output or run_dir / REPORT_FILE, run_report(run))
+    return html.write(output or run_dir / REPORT_FILE, run_report(common.load_run(run_dir)))
 
 
 def _compare(args: argparse.Namespace, runs_dir: Path) -> Path:
@@ -59,13 +54,11 @@ def _compare(args: argparse.Namespace, runs_dir: Path) -> Path:
     from reports.report_compare import compare_report
 
     if args.vs is None and len(args.compare) != 2:
-        raise store.StoreError("--compare takes BASE CAND, or BASE... --vs CAND...")
+        raise common.BadInput("--compare takes BASE CAND, or BASE... --vs CAND...")
     refs = (args.compare[:1], args.compare[1:]) if args.vs is None else (args.compare, args.vs)
     base, cand = load_side(refs[0], runs_dir), load_side(refs[1], runs_dir)
-    try:
+    with common.bad_input_from(GateError):
         result = compare(base, cand, make_gate())
-    except GateError as exc:
-        raise store.StoreError(str(exc)) from None
     output = args.output or Path(f"compare-{result.base[0]}-vs-{result.cand[0]}.html")
     return html.write(output, compare_report(base, cand, result))
 
@@ -79,21 +72,21 @@ def _sweep(args: argparse.Namespace, runs_dir: Path) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Write the report the arguments ask for and print its path; bad input raises StoreError (exit 2)."""
-    runs_dir = store.default_runs_dir(args.runs_dir)
+    """Write the report the arguments ask for and print its path; bad input raises BadInput (exit 2)."""
+    runs_dir = common.runs_dir(args)
     if args.vs is not None and args.compare is None:
-        raise store.StoreError("--vs goes with --compare")
+        raise common.BadInput("--vs goes with --compare")
     try:
         if args.compare is not None:
             path = _compare(args, runs_dir)
         elif args.sweep is not None:
             path = _sweep(args, runs_dir)
         else:
-            path = write_run_report(store.resolve_run(args.run, runs_dir), args.output)
+            path = write_run_report(common.run_path(args), args.output)
     except OSError as exc:
-        raise store.StoreError(f"cannot write {exc.filename or args.output}: {exc.strerror or exc}") from None
+        raise common.BadInput(f"cannot write {exc.filename or args.output}: {exc.strerror or exc}") from None
     print(f"report: {path}")
-    return EXIT_OK
+    return common.EXIT_OK
 
 
 def after_run(run_dir: Path) -> Path | None:

@@ -2,6 +2,6 @@
 
 import sys
 
-from profiler.cli.main import profile_run_main
+from profiler.cli import profile_run_main
 
 sys.exit(profile_run_main())

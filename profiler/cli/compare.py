@@ -19,13 +19,12 @@ from pathlib import Path
 import yaml
 
 from profiler import store
-from profiler.analysis import RunData, load_run
+from profiler.analysis import RunData
+from profiler.cli import common
 from profiler.compare.formats import FORMATS, RENDER, to_text
 from profiler.compare.gate import COMPARABLE, Gate, GateError, make_gate
 from profiler.compare.runs import compare
 from profiler.compare.trace_diff import trace_diff, with_trace_diff
-
-EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -50,13 +49,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--run-noise", type=float, metavar="FRACTION", help="run-to-run noise floor of the timing "
                    "metrics with fewer than 3 runs a side (default 0.10)")
     p.add_argument("--confidence", type=float, help="of the intervals (default 0.99)")
-    p.add_argument("--runs-dir", type=Path, help="where runs are (default: $GLMPERF_RUNS or ./runs)")
+    common.add_runs_dir(p)
 
 
 def _load(path: Path) -> RunData:
-    run = load_run(path)
-    if run.problems:
-        raise store.StoreError(f"run {run.id} is corrupt: {'; '.join(run.problems)}")
+    run = common.load_run(path)
     if run.status != "completed":
         raise store.StoreError(f"run {run.id} is {run.status}, not completed: compare needs finished runs")
     return run
@@ -83,36 +80,33 @@ def _gate(args: argparse.Namespace) -> Gate:
         try:
             data = yaml.safe_load(args.gate.read_text(encoding="utf-8"))
         except OSError as exc:
-            raise GateError(f"gate file {args.gate}: {exc.strerror or exc}") from None
+            raise common.BadInput(f"gate file {args.gate}: {exc.strerror or exc}") from None
         except yaml.YAMLError as exc:
-            raise GateError(f"gate file {args.gate} is not valid YAML: {' '.join(str(exc).split())}") from None
+            raise common.BadInput(f"gate file {args.gate} is not valid YAML: {' '.join(str(exc).split())}") from None
     return make_gate(data, source=f"gate file {args.gate}", metrics=args.metric, run_noise=args.run_noise,
                      confidence=args.confidence)
 
 
 def main(args: argparse.Namespace) -> int:
     """Run `glmperf compare` with parsed arguments; returns the exit code."""
-    try:
-        if args.vs is None and len(args.runs) != 2:
-            raise GateError("compare takes BASE CAND, or BASE... --vs CAND...")
-        base_refs, cand_refs = (args.runs[:1], args.runs[1:]) if args.vs is None else (args.runs, args.vs)
+    if args.vs is None and len(args.runs) != 2:
+        raise common.BadInput("compare takes BASE CAND, or BASE... --vs CAND...")
+    base_refs, cand_refs = (args.runs[:1], args.runs[1:]) if args.vs is None else (args.runs, args.vs)
+    with common.bad_input_from(GateError):
         gate = _gate(args)
-        runs_dir = store.default_runs_dir(args.runs_dir)
+        runs_dir = common.runs_dir(args)
         base_runs, cand_runs = load_side(base_refs, runs_dir), load_side(cand_refs, runs_dir)
         result = compare(base_runs, cand_runs, gate)
-        rendered = RENDER[args.format](result)
-        if all(r.source == "import" for r in (*base_runs, *cand_runs)):  # traces: HTA's trace diff too
-            rendered = with_trace_diff(rendered, args.format, trace_diff(base_runs, cand_runs))
-        if args.output is not None:
-            try:
-                args.output.parent.mkdir(parents=True, exist_ok=True)
-                args.output.write_text(rendered, encoding="utf-8")
-            except OSError as exc:
-                raise GateError(f"cannot write {args.output}: {exc.strerror or exc}") from None
-            rendered = to_text(result)
-    except (GateError, store.StoreError) as exc:
-        print(f"glmperf: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    rendered = RENDER[args.format](result)
+    if all(r.source == "import" for r in (*base_runs, *cand_runs)):  # traces: HTA's trace diff too
+        rendered = with_trace_diff(rendered, args.format, trace_diff(base_runs, cand_runs))
+    if args.output is not None:
+        try:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_text(rendered, encoding="utf-8")
+        except OSError as exc:
+            raise common.BadInput(f"cannot write {args.output}: {exc.strerror or exc}") from None
+        rendered = to_text(result)
     sys.stdout.write(rendered)
-    return EXIT_REGRESSED if result.failures else EXIT_OK
+    return common.EXIT_FINDING if result.failures else common.EXIT_OK
 

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from profiler import store
-
-EXIT_OK, EXIT_BAD_INPUT = 0, 2
+from profiler.cli import common
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -25,8 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("trace_dir", type=Path, metavar="TRACE_DIR", help="directory of the traces (e.g. the one "
                    "tensorboard_trace_handler wrote)")
     p.add_argument("--name", help="run name (default: the directory's name)")
-    p.add_argument("--runs-dir", type=Path, help="where runs are (default: $GLMPERF_RUNS or ./runs)")
-    p.add_argument("--json", action="store_true", help="print the run's id, path, summary and diagnosis as JSON")
+    common.add_runs_dir(p)
+    common.add_json(p, "print the run's id, path, summary and diagnosis as JSON")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -35,12 +34,9 @@ def main(args: argparse.Namespace) -> int:
     from profiler.cli import console
     from profiler.traces import ImportFailed
 
-    try:
-        store.check_runs_dir(store.default_runs_dir(args.runs_dir))
+    store.check_runs_dir(common.runs_dir(args))
+    with common.bad_input_from(ImportFailed):
         imported = import_traces(args.trace_dir, name=args.name, runs_dir=args.runs_dir)
-    except (ImportFailed, store.StoreError) as exc:
-        print(f"glmperf: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     for failure in imported.failed:
         print(f"glmperf: warning: left out {failure['error']}", file=sys.stderr)
     run = load_run(imported.run_dir)
@@ -48,12 +44,12 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"id": run.id, "path": str(run.path), "source": run.source, "failed": imported.failed,
                           "summary": summary, "diagnosis": diagnosis}, indent=2, default=str))
-        return EXIT_OK
+        return common.EXIT_OK
     print(f"imported {len(imported.ranks)} rank(s) from {args.trace_dir} as run {run.id}")
     console.print_summary(run.record, summary, run.status, run.path, sys.stdout)
     print_trace(summary.get("trace") or {}, sys.stdout)
     console.print_advice_head(run.id, diagnosis, sys.stdout)
-    return EXIT_OK
+    return common.EXIT_OK
 
 
 def print_trace(trace: dict[str, Any], out: IO[str]) -> None:

@@ -10,32 +10,49 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from optimizers import ConfigError
-from profiler.advice.plan import GPUS_GB, Plan, plan
-from profiler.config import load_config
+from profiler.cli import common
+
+if TYPE_CHECKING:
+    from profiler.advice.plan import Plan
+
+
+class _Gpus:
+    """--gpu's choices, the devices profiler.advice.plan knows. That module needs torch, so they are read
+    only when argparse checks or prints them (`glmperf plan` itself), not whenever glmperf starts."""
+
+    def __contains__(self, name: object) -> bool:
+        from profiler.advice.plan import GPUS_GB
+
+        return name in GPUS_GB
+
+    def __iter__(self) -> Iterator[str]:
+        from profiler.advice.plan import GPUS_GB
+
+        return iter(sorted(GPUS_GB))
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plan", help="per-rank memory and communication of a config's layout, without running it")
-    p.add_argument("--preset", help="a shipped config (configs/<name>.yaml) or a model preset")
-    p.add_argument("--config", type=Path, help="a YAML config file (after the preset)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config value, e.g. switches.parallel.fsdp=8 (repeatable)")
+    common.add_preset(p, "a shipped config (configs/<name>.yaml) or a model preset")
+    common.add_config(p, "a YAML config file (after the preset)")
+    common.add_set(p, "override one config value, e.g. switches.parallel.fsdp=8 (repeatable)", metavar="KEY=VALUE")
     p.add_argument("--nproc", type=int, default=1, help="ranks (devices) the run would have")
-    p.add_argument("--gpu", choices=sorted(GPUS_GB), help="the device whose memory the plan must fit in")
+    gpu = p.add_argument("--gpu", help="the device whose memory the plan must fit in")
+    gpu.choices = _Gpus()  # set after add_argument, which formats (reads) the choices of what it adds
     p.add_argument("--memory-gb", type=float, help="the memory of one device in GB (1e9 bytes), instead of --gpu")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.set_defaults(runs_dir=None)  # a plan reads and writes no runs
+    common.add_json(p, "print the plan as JSON")
 
 
 def capacity(args: argparse.Namespace, budget_gb: float) -> int | None:
     """Bytes one device holds: --memory-gb, --gpu, else the config's profile.memory_budget_gb (GiB)."""
+    from profiler.advice.plan import GPUS_GB
+
     if args.memory_gb is not None:
         if args.memory_gb <= 0:
-            raise ConfigError("--memory-gb", f"got {args.memory_gb}; allowed: a number > 0")
+            raise common.BadInput(f"--memory-gb: got {args.memory_gb}; allowed: a number > 0")
         return int(args.memory_gb * 1e9)
     if args.gpu:
         return int(GPUS_GB[args.gpu] * 1e9)
@@ -77,12 +94,11 @@ def render(p: Plan) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        cfg = load_config(config=args.config, preset=args.preset, overrides=args.overrides, nproc=args.nproc,
-                          check_here=False)
-        result = plan(cfg, args.nproc, capacity_bytes=capacity(args, cfg.profile.memory_budget_gb))
-    except ConfigError as exc:
-        print(f"glmperf plan: error: {exc}", file=sys.stderr)
-        return 2
+    from profiler.advice.plan import plan
+    from profiler.config import load_config
+
+    cfg = load_config(config=args.config, preset=args.preset, overrides=args.overrides, nproc=args.nproc,
+                      check_here=False)
+    result = plan(cfg, args.nproc, capacity_bytes=capacity(args, cfg.profile.memory_budget_gb))
     print(json.dumps(result.to_dict(), indent=2) if args.json else render(result))
-    return 1 if result.fits is False else 0
+    return common.EXIT_FINDING if result.fits is False else common.EXIT_OK

@@ -18,14 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from optimizers.config import ConfigError
 from profiler import store
-from profiler.experiments import records, sweep
+from profiler.cli import common
 from profiler.metrics import METRIC_BY_NAME
 from profiler.settings import settings_text, value_text
 from profiler.text import fmt
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -39,16 +36,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         epilog="example: glmperf sweep --preset tiny --grid switches.amp=off,bf16 "
                "--grid switches.attention=eager,sdpa --repeats 2 --steps 30")
     start = p.add_mutually_exclusive_group(required=True)
-    start.add_argument("--preset", help="shipped config to start from (configs/<preset>.yaml)")
-    start.add_argument("--config", type=Path, help="YAML config file to start from")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one value in every cell (repeatable)")
+    common.add_preset(start, "shipped config to start from (configs/<preset>.yaml)")
+    common.add_config(start, "YAML config file to start from")
+    common.add_set(p, "override one value in every cell (repeatable)")
     p.add_argument("--grid", action="append", required=True, metavar="SECTION.KEY=V1,V2",
                    help="an axis of the grid: a key and at least 2 values, the first the reference (repeatable)")
     p.add_argument("--repeats", type=int, default=1, help="runs per cell, interleaved (default 1)")
     p.add_argument("--steps", type=int, help="train.steps of every cell (default: the config's)")
-    p.add_argument("--runs-dir", type=Path, help="where runs are (default: $GLMPERF_RUNS or ./runs)")
-    p.add_argument("--json", action="store_true", help="print the sweep record as JSON instead of the tables")
+    common.add_runs_dir(p)
+    common.add_json(p, "print the sweep record as JSON instead of the tables")
     p.add_argument("--no-progress", action="store_true", help="no live progress output")
 
 
@@ -67,6 +63,8 @@ def _change(row: dict[str, Any]) -> str:
 
 def print_sweep(record: dict[str, Any], path: Path, out: TextIO) -> None:
     """The cells, the ablation, the interactions, the Pareto front and the refused cells, in plain text."""
+    from profiler.experiments import sweep
+
     spec = record["spec"]
     metrics = {name: METRIC_BY_NAME[m] for name, m in sweep.METRICS.items()}
     heads = {name: f"{m.label} ({m.unit})" for name, m in metrics.items()}
@@ -101,19 +99,17 @@ def print_sweep(record: dict[str, Any], path: Path, out: TextIO) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run `glmperf sweep` with parsed arguments; returns the exit code."""
-    try:
-        for name in ("repeats", "steps"):
-            if getattr(args, name) is not None and getattr(args, name) < 1:
-                raise sweep.SweepError(f"--{name}: got {getattr(args, name)}; allowed: an integer >= 1")
+    from profiler.experiments import records, sweep
+
+    common.at_least_one("--repeats", args.repeats)
+    common.at_least_one("--steps", args.steps)
+    with common.bad_input_from(sweep.SweepError):
         spec = sweep.Spec(preset=args.preset, config=None if args.config is None else str(args.config),
                           grid=sweep.parse_grid(args.grid), overrides=list(args.overrides), repeats=args.repeats,
                           steps=args.steps)
         accepted, refused = sweep.expand(spec)
-        runs_dir = store.default_runs_dir(args.runs_dir)
-        store.check_runs_dir(runs_dir)
-    except (sweep.SweepError, ConfigError, store.StoreError) as exc:
-        print(f"glmperf: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    runs_dir = common.runs_dir(args)
+    store.check_runs_dir(runs_dir)
     record = sweep.new_record(spec, accepted, refused)
     same = sweep.same_sweeps(runs_dir, record)
     unfinished = next(((d, r) for d, r in same if sweep.todo(r)), None)
@@ -135,5 +131,5 @@ def main(args: argparse.Namespace) -> int:
     else:
         print_sweep(record, path, sys.stdout)
     if record["status"] == "interrupted":
-        return EXIT_INTERRUPTED
-    return EXIT_FAILED if any(c["status"] != "done" for c in record["cells"]) else EXIT_OK
+        return common.EXIT_INTERRUPTED
+    return common.EXIT_FINDING if any(c["status"] != "done" for c in record["cells"]) else common.EXIT_OK

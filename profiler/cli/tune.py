@@ -15,13 +15,11 @@ import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from profiler import store
-from profiler.config import load_config
+from profiler.cli import common
 from profiler.settings import settings_text, shipped_presets
-
-EXIT_OK, EXIT_OVER_BUDGET, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -31,10 +29,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "when confirmed and within the memory budget, and repeat until nothing left confirms.",
         epilog="example: glmperf tune --preset small --steps 30 --memory-budget-gb 4")
     start = p.add_mutually_exclusive_group(required=True)
-    start.add_argument("--preset", help=f"shipped config: {', '.join(shipped_presets())}")
-    start.add_argument("--config", type=Path, help="YAML config file to start from")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one value of the starting config (repeatable)")
+    common.add_preset(start, f"shipped config: {', '.join(shipped_presets())}")
+    common.add_config(start, "YAML config file to start from")
+    common.add_set(p, "override one value of the starting config (repeatable)")
     p.add_argument("--steps", type=int, help="steps of every run (default: the config's)")
     p.add_argument("--memory-budget-gb", type=float, help="peak memory the tuned config must fit (GiB; "
                    "default: the config's profile.memory_budget_gb, else no limit)")
@@ -43,21 +40,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-rounds", type=int, default=8, help="recommendations tried at most (default 8)")
     p.add_argument("--allow-model-changes", action="store_true", help="also try changes that alter the model")
     p.add_argument("--output", type=Path, help="the tuned config (default: tuned.yaml beside the record)")
-    p.add_argument("--runs-dir", type=Path, help="where runs are (default: $GLMPERF_RUNS or ./runs)")
+    common.add_runs_dir(p)
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--json", action="store_true", help="print the record as JSON")
+    common.add_json(p, "print the record as JSON")
 
 
 def _positive(name: str, value: float | None, *, integer: bool = False) -> None:
+    """Refuse a limit that is not above 0 (or not whole, for a count) before any run starts."""
     if value is not None and (value <= 0 or (integer and int(value) != value)):
-        raise store.StoreError(f"{name}: got {value}; allowed: {'an integer' if integer else 'a number'} > 0")
+        raise common.BadInput(f"{name}: got {value}; allowed: {'an integer' if integer else 'a number'} > 0")
 
 
 def _gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f} GiB"
 
 
-def _print(record: Mapping[str, Any], tuned_path: Path, out: Any) -> None:
+def _print(record: Mapping[str, Any], tuned_path: Path, out: TextIO) -> None:
     print(f"tune {record['id']}: {len(record['rounds'])} round(s), {record.get('elapsed_s', 0):.0f} s; "
           f"stopped: {record.get('stopped')}", file=out)
     for e in record["rounds"]:
@@ -75,6 +73,7 @@ def _print(record: Mapping[str, Any], tuned_path: Path, out: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from profiler.config import load_config
     from profiler.experiments.tune import Tuner, TuneSpec, write_tuned
 
     for name, value, integer in (("--steps", args.steps, True), ("--memory-budget-gb", args.memory_budget_gb, False),
@@ -85,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
     if args.memory_budget_gb:
         overrides.append(f"profile.memory_budget_gb={args.memory_budget_gb}")
     start = load_config(config=args.config, preset=args.preset, overrides=overrides)
-    runs_dir = store.default_runs_dir(args.runs_dir)
+    runs_dir = common.runs_dir(args)
     store.check_runs_dir(runs_dir)
     budget = start.profile.memory_budget_gb or None
     spec = TuneSpec(start, repeats=args.repeats, budget_gib=budget,
@@ -98,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
         record = tuner.run()
     except KeyboardInterrupt:
         print(f"tune interrupted: the record of the rounds done is {tuner.dir / 'tune.json'}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return common.EXIT_INTERRUPTED
     path = write_tuned(record, tuner.dir, args.output)
     if args.json:
         print(json.dumps({**record, "tuned_config": str(path)}, indent=2, default=str))
@@ -108,5 +107,5 @@ def main(args: argparse.Namespace) -> int:
     if budget is not None and peak is not None and peak > budget:
         print(f"glmperf: the tuned config's peak memory {peak:.2f} GiB still exceeds the {budget:g} GiB budget: "
               "no recommendation that fits it was confirmed", file=sys.stderr)
-        return EXIT_OVER_BUDGET
-    return EXIT_OK
+        return common.EXIT_FINDING
+    return common.EXIT_OK
