@@ -24,7 +24,6 @@ from optimizers.config import ConfigError
 from profiler import settings, store, text
 from profiler.analysis import RunData, RunRecord, load_run, summary_of
 from profiler.experiments import records as experiment_records
-from profiler.experiments import tune
 from profiler.metrics import METRIC_BY_NAME, lookup
 from reports import report_run, report_sweep
 
@@ -273,7 +272,7 @@ def _tunes(runs_dir: str, stamps: tuple[tuple[str, int], ...]) -> list[dict[str,
             continue
         out.append({"id": record["id"], "created": record.get("created") or "", "record": record,
                     "rows": _tune_rows(record),
-                    "tuned_yaml": tune.tuned_yaml(record) if record.get("tuned") else None})
+                    "tuned_yaml": experiment_records.tuned_yaml(record) if record.get("tuned") else None})
     return sorted(out, key=lambda t: t["created"], reverse=True)
 
 

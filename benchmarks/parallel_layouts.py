@@ -23,7 +23,8 @@ from typing import Any
 
 from benchmarks.common import RESULTS_DIR, fmt, header, table, write_result
 from profiler import store
-from profiler.advice.plan import GPUS_GB, plan
+from profiler.advice.gpus import GPUS_GB
+from profiler.advice.plan import plan
 from profiler.analysis.comm import collectives_by_rank
 from profiler.capture.run import profile_run
 from profiler.config import load_config

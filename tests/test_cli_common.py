@@ -78,7 +78,7 @@ def test_profile_run_refuses_bad_steps_in_one_line(tmp_path: Path, capsys: pytes
 def test_the_read_side_never_imports_torch(completed_run: Path, tmp_path: Path) -> None:
     run, runs_dir = str(completed_run), str(completed_run.parent)
     for args in (["--help"], ["runs", "--runs-dir", runs_dir], ["show", run], ["show", run, "--json"],
-                 ["diagnose", run], ["compare", run, run],
+                 ["diagnose", run], ["compare", run, run], ["report", run, "-o", str(tmp_path / "run.html")],
                  ["report", "--compare", run, run, "-o", str(tmp_path / "compare.html")]):
         proc = subprocess.run([sys.executable, "-c", READ_SIDE, *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=240)

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from optimizers import ConfigError
-from profiler.advice.plan import GPUS_GB, plan
+from profiler.advice.gpus import GPUS_GB
+from profiler.advice.plan import plan
 from profiler.advice.saved_tensors import saved_bytes
 from profiler.config import build_run_config, load_config
 from reference_model.config import model_config

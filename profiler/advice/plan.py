@@ -38,10 +38,6 @@ from profiler.config import RunConfig, build_run_config
 from reference_model.context import setup_context
 from reference_model.model import GLMForCausalLM
 
-GPUS_GB: dict[str, float] = {"a100-40gb": 40.0, "a100-80gb": 80.0, "h100": 80.0, "h200": 141.0,
-                             "b200": 180.0, "l40s": 48.0, "rtx4090": 24.0}
-"""Device memory by name (the vendors' datasheets, GB = 1e9 bytes), for `--gpu`."""
-
 OPTIMIZER_STATES: dict[str, Callable[[Any], int]] = {
     "adamw": lambda c: 2, "sgd": lambda c: int(c.momentum > 0), "rmsprop": lambda c: 1 + int(c.momentum > 0),
     "adagrad": lambda c: 1,

@@ -10,28 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from profiler.advice.gpus import GPUS_GB
 from profiler.cli import common
 
 if TYPE_CHECKING:
     from profiler.advice.plan import Plan
-
-
-class _Gpus:
-    """--gpu's choices, the devices profiler.advice.plan knows. That module needs torch, so they are read
-    only when argparse checks or prints them (`glmperf plan` itself), not whenever glmperf starts."""
-
-    def __contains__(self, name: object) -> bool:
-        from profiler.advice.plan import GPUS_GB
-
-        return name in GPUS_GB
-
-    def __iter__(self) -> Iterator[str]:
-        from profiler.advice.plan import GPUS_GB
-
-        return iter(sorted(GPUS_GB))
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -40,16 +25,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     common.add_config(p, "a YAML config file (after the preset)")
     common.add_set(p, "override one config value, e.g. switches.parallel.fsdp=8 (repeatable)", metavar="KEY=VALUE")
     p.add_argument("--nproc", type=int, default=1, help="ranks (devices) the run would have")
-    gpu = p.add_argument("--gpu", help="the device whose memory the plan must fit in")
-    gpu.choices = _Gpus()  # set after add_argument, which formats (reads) the choices of what it adds
+    p.add_argument("--gpu", choices=sorted(GPUS_GB), help="the device whose memory the plan must fit in")
     p.add_argument("--memory-gb", type=float, help="the memory of one device in GB (1e9 bytes), instead of --gpu")
     common.add_json(p, "print the plan as JSON")
 
 
 def capacity(args: argparse.Namespace, budget_gb: float) -> int | None:
     """Bytes one device holds: --memory-gb, --gpu, else the config's profile.memory_budget_gb (GiB)."""
-    from profiler.advice.plan import GPUS_GB
-
     if args.memory_gb is not None:
         if args.memory_gb <= 0:
             raise common.BadInput(f"--memory-gb: got {args.memory_gb}; allowed: a number > 0")

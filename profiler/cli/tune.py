@@ -74,7 +74,8 @@ def _print(record: Mapping[str, Any], tuned_path: Path, out: TextIO) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from profiler.config import load_config
-    from profiler.experiments.tune import Tuner, TuneSpec, write_tuned
+    from profiler.experiments.records import write_tuned
+    from profiler.experiments.tune import Tuner, TuneSpec
 
     for name, value, integer in (("--steps", args.steps, True), ("--memory-budget-gb", args.memory_budget_gb, False),
                                  ("--time-budget-min", args.time_budget_min, False),

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 VERDICTS = ("regressed", "improved", "unchanged", "inconclusive")
 DEFAULT_RUN_NOISE: Mapping[str, float] = {"default": 0.10, "peak_memory": 0.02}
@@ -143,6 +142,8 @@ def half_shift(x: np.ndarray) -> float:
 def _mann_whitney(a: np.ndarray, b: np.ndarray) -> float:
     if np.ptp(np.concatenate([a, b])) == 0:
         return 1.0
+    from scipy import stats  # on first use: every glmperf command imports this module for its help
+
     return float(stats.mannwhitneyu(b, a, alternative="two-sided").pvalue)
 
 
@@ -200,6 +201,8 @@ def compare_series(base: Sequence[Values], cand: Sequence[Values], *, better: st
     (a run's shift between its halves counts as run-to-run noise; not so for memory, whose growth
     would). `names` label the runs in warnings.
     """
+    from scipy import stats
+
     options = options or Options()
     if better not in ("lower", "higher") or not 0 <= limit < (1 if better == "higher" else math.inf):
         raise ValueError(f"bad direction {better!r} or threshold {limit!r}")

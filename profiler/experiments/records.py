@@ -1,15 +1,19 @@
 """The records of experiments beside the runs they made: `<runs_dir>/sweeps/<id>/sweep.json`,
 `<runs_dir>/tunes/<id>/tune.json`, rewritten as the experiment goes, so an interrupted one keeps
-what is done. Their runs are ordinary runs in `<runs_dir>`.
+what is done, and a finished tune's `tuned.yaml`. Their runs are ordinary runs in `<runs_dir>`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from profiler import store
+from profiler.settings import settings_text
 
 KINDS = {"sweep": "sweeps", "tune": "tunes"}
 """Records of experiments (a sweep's grid, a tune's steps) live beside the runs:
@@ -64,3 +68,21 @@ def resolve(ref: str | Path, runs_dir: Path, kind: str) -> Path:
             return candidate
     raise store.StoreError(f"no {kind} {str(ref)!r}: not a {kind} directory, nor a {kind} id in "
                      f"{runs_dir / KINDS[kind]}")
+
+
+def tuned_yaml(record: Mapping[str, Any]) -> str:
+    """The tuned config as `profile-run --config` takes it, headed by what was adopted and why."""
+    lines = ["# Tuned by glmperf tune (record: tune.json beside this file).",
+             f"# Stopped: {record.get('stopped')}."]
+    for entry in record["rounds"]:
+        change = settings_text(entry["tried"])
+        lines.append(f"# round {entry['round']}: {change}: {entry['decision']} ({entry['why']})")
+    if not record["adopted"]:
+        lines.append("# Nothing was adopted: this is the starting config.")
+    return "\n".join(lines) + "\n" + yaml.safe_dump(record["tuned"]["config"], sort_keys=False)
+
+
+def write_tuned(record: Mapping[str, Any], record_dir: Path, output: Path | None) -> Path:
+    path = output or record_dir / "tuned.yaml"
+    path.write_text(tuned_yaml(record), encoding="utf-8")
+    return path

@@ -21,8 +21,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from profiler.advice.recommend import advise
 from profiler.analysis import RunData, load_run, summary_of
 from profiler.config import RunConfig
@@ -158,21 +156,3 @@ class Tuner:
                  "start": _figures(first), "end": _figures(newest)}
         self._save(status="completed", stopped=stopped, tuned=tuned)
         return self.record
-
-
-def tuned_yaml(record: Mapping[str, Any]) -> str:
-    """The tuned config as `profile-run --config` takes it, headed by what was adopted and why."""
-    lines = ["# Tuned by glmperf tune (record: tune.json beside this file).",
-             f"# Stopped: {record.get('stopped')}."]
-    for entry in record["rounds"]:
-        change = settings_text(entry["tried"])
-        lines.append(f"# round {entry['round']}: {change}: {entry['decision']} ({entry['why']})")
-    if not record["adopted"]:
-        lines.append("# Nothing was adopted: this is the starting config.")
-    return "\n".join(lines) + "\n" + yaml.safe_dump(record["tuned"]["config"], sort_keys=False)
-
-
-def write_tuned(record: Mapping[str, Any], record_dir: Path, output: Path | None) -> Path:
-    path = output or record_dir / "tuned.yaml"
-    path.write_text(tuned_yaml(record), encoding="utf-8")
-    return path
