@@ -95,6 +95,12 @@ class Metric:
         raw = lookup(summary, self.summary_key)
         return float(raw) * self.scale if isinstance(raw, (int, float)) and raw is not None else math.nan
 
+    def steps(self, steps: pd.DataFrame, summary: Mapping[str, Any]) -> pd.Series:
+        """One value per step (`per_step`); a run-level figure has none to give."""
+        if self.per_step is None:
+            raise ValueError(f"{self.name} is a run-level figure: it has no value per step")
+        return self.per_step(steps, summary)
+
 
 def _tokens_per_s(steps: pd.DataFrame, summary: Mapping[str, Any]) -> pd.Series:
     return steps["tokens"] / steps["step_s"]

@@ -82,9 +82,9 @@ def throughput(run: RunData, summary: Mapping[str, Any]) -> go.Figure | None:
         return None
     tps, mfu = METRIC_BY_NAME["tokens_per_s"], METRIC_BY_NAME["mfu"]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_scatter(x=merged.index, y=tps.per_step(merged, summary), mode="lines+markers", name="tokens/s",
+    fig.add_scatter(x=merged.index, y=tps.steps(merged, summary), mode="lines+markers", name="tokens/s",
                     marker={"size": 4}, hovertemplate="step %{x}: %{y:,.0f} tokens/s<extra></extra>")
-    fig.add_scatter(x=merged.index, y=mfu.per_step(merged, summary), mode="lines", name="MFU",
+    fig.add_scatter(x=merged.index, y=mfu.steps(merged, summary), mode="lines", name="MFU",
                     line={"dash": "dot"}, secondary_y=True, hovertemplate="step %{x}: %{y:.2f}%<extra></extra>")
     if summary.get("steps_counted"):
         fig.add_hline(y=tps.value(summary), line_dash="dash", line_color="#2ca02c",

@@ -182,7 +182,7 @@ def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, a
         return {"recommendations": [], "excluded": [],
                 "not_recommended": f"the run's model is its own ({run.source} run): the switches are the reference "
                                    "trainer's, so the diagnosis stands without a switch to flip"}
-    severity = {Bottleneck(b["kind"]): b["severity"] for b in diagnosis["bottlenecks"]}
+    severity = {Bottleneck[b["kind"].upper()]: b["severity"] for b in diagnosis["bottlenecks"]}
     caps = capabilities(run, figures)
     cfg = build_run_config(run.config)
     planned_now = functools.cache(lambda: plan(cfg, run.world_size).per_rank_bytes)  # once, if a layout changes

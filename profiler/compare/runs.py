@@ -219,7 +219,7 @@ def compare(base: Sequence[RunData], cand: Sequence[RunData], gate: Gate) -> Com
         if threshold.metric == LOSS_PARITY:
             continue
         m = METRIC_BY_NAME[threshold.metric]
-        series = [[m.per_step(r.steady_steps, summary).to_numpy() for r, summary in zip(runs, sm, strict=True)]
+        series = [[m.steps(r.steady_steps, summary).to_numpy() for r, summary in zip(runs, sm, strict=True)]
                   for runs, sm in zip(sides, summaries, strict=True)]
         estimate = compare_series(series[0], series[1], better=m.better, limit=threshold.limit,
                                   quantile=m.statistic, floor=gate.options.noise_floor(m.name),
