@@ -23,6 +23,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(PY) -m mypy
 
 bench: $(STAMP)  # about 20 minutes on 2 quiet cores; results in benchmarks/results/
 	for b in peer_hf_glm switch_effects attention_scaling overhead; do $(PY) -m benchmarks.$$b || exit 1; done

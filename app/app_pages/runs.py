@@ -22,7 +22,7 @@ table = data.runs_table(runs)
 left, mid, right = st.columns([3, 2, 1])
 text = left.text_input("Filter", placeholder="id, name, preset, switch or bottleneck", key="filter")
 statuses = mid.multiselect("Status", sorted(table["status"].astype(str).unique()), key="statuses")
-sort = right.selectbox("Sort by", list(SORTS), key="sort")
+sort = right.selectbox("Sort by", list(SORTS), key="sort") or next(iter(SORTS))  # None only without options
 
 shown = table
 if text:
