@@ -1,6 +1,6 @@
 """How long glmperf's read commands take from a cold start, how much memory, and whether torch loads.
 
-    PYTHONPATH=$PWD python -m benchmarks.cold_start [--quick] [--rounds N]
+    PYTHONPATH=$PWD python -m benchmarks.cold_start [--quick] [--rounds N] [--baseline DIR]
 
 Run it from the repository root with the project's virtualenv. Each command runs as a new
 process, `python -c` calling `profiler.cli.main`, with this checkout's root put first on its
@@ -17,7 +17,11 @@ Per command: median and quartiles of the wall time, the same less the floor's me
 median peak RSS of its process (VmHWM), and whether torch was imported (the
 wrapper looks at `sys.modules` when the process exits).
 
-Target (issue "The house"): under 1 s for runs, show, compare and report.
+`--baseline DIR` runs the same glmperf commands with another checkout's code too (e.g. a
+`git worktree` of an older commit), in the same rounds, on the same stored runs: the before and
+after of a change, side by side.
+
+Target: under 1 s for runs, show, compare and report.
 """
 
 from __future__ import annotations
@@ -54,31 +58,36 @@ exec. atexit, os and sys are loaded at every interpreter start: the wrapper cost
 GLMPERF = "from profiler.cli import main\nsys.exit(main())"
 
 
-def _commands(runs_dir: Path, a: Path, b: Path, out: Path) -> dict[str, tuple[str, list[str]]]:
-    """name -> (the program's body, glmperf's arguments)."""
+def _commands(runs_dir: Path, a: Path, b: Path, out: Path, baseline: Path | None
+              ) -> dict[str, tuple[str, list[str], Path]]:
+    """name -> (the program's body, glmperf's arguments, the checkout whose code runs it)."""
     glmperf = {"runs": ["runs", "--runs-dir", str(runs_dir)],
                "show": ["show", str(a)],
                "compare": ["compare", str(a), "--vs", str(b)],
                "report": ["report", str(a), "-o", str(out)],
                "diagnose": ["diagnose", str(a)]}
-    return {"python -c pass": ("pass", []), **{name: (GLMPERF, argv) for name, argv in glmperf.items()}}
+    commands = {"python -c pass": ("pass", [], ROOT), **{name: (GLMPERF, argv, ROOT) for name, argv in glmperf.items()}}
+    if baseline is not None:
+        commands |= {f"{name} (baseline)": (GLMPERF, argv, baseline) for name, argv in glmperf.items()}
+    return commands
 
 
-def _spawn(body: str, argv: list[str], scratch: Path) -> tuple[int, int, bool]:
+def _spawn(body: str, argv: list[str], code_root: Path, scratch: Path) -> tuple[int, int, bool]:
     """Run one fresh process to its end: (exit code, peak RSS in bytes, torch imported)."""
     report, log = scratch / "report", scratch / "output"
     env = {**os.environ, "COLD_START_OUT": str(report),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+           "PYTHONPATH": os.pathsep.join([str(code_root), *filter(None, [os.environ.get("PYTHONPATH")])])}
     with log.open("w") as out:
-        code = subprocess.run([sys.executable, "-c", WRAPPER.format(body=body), *argv], env=env, stdout=out,
-                              stderr=subprocess.STDOUT).returncode
+        # cwd too: `python -c` puts the working directory first on sys.path
+        code = subprocess.run([sys.executable, "-c", WRAPPER.format(body=body), *argv], env=env, cwd=code_root,
+                              stdout=out, stderr=subprocess.STDOUT).returncode
     if code not in (0, 1):  # 1 is a finding (a regression, a failed run); anything else is broken
         raise RuntimeError(f"{' '.join(argv) or body} exited {code}:\n{log.read_text()[-2000:]}")
     torch_loaded, peak_kib = report.read_text().split()
     return code, int(peak_kib) * 1024, torch_loaded == "1"
 
 
-def _measure(commands: dict[str, tuple[str, list[str]]], scratch: Path, *, warmup: int,
+def _measure(commands: dict[str, tuple[str, list[str], Path]], scratch: Path, *, warmup: int,
              rounds: int) -> dict[str, dict[str, list[Any]]]:
     """Every command once per round, interleaved; per command its times, exit codes, RSS and torch flags."""
     samples: dict[str, dict[str, list[Any]]] = {name: {"code": [], "rss": [], "torch": []} for name in commands}
@@ -105,10 +114,17 @@ def _row(name: str, s: dict[str, list[Any]], floor: float) -> list[str]:
             torch_loaded, ",".join(map(str, codes)), ok]
 
 
+def _revision(checkout: Path) -> str:
+    """The commit a checkout is at, for the record."""
+    rev = subprocess.run(["git", "-C", str(checkout), "log", "-1", "--format=%h %s"], capture_output=True, text=True)
+    return rev.stdout.strip()[:80] or str(checkout)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds, no warmup: checks the script runs")
     parser.add_argument("--rounds", type=int, help="measured rounds (default 10)")
+    parser.add_argument("--baseline", type=Path, help="another checkout whose code runs the same commands too")
     args = parser.parse_args()
     rounds = args.rounds or (3 if args.quick else 10)
     warmup = 0 if args.quick else 1
@@ -118,13 +134,15 @@ def main() -> None:
         a, b = (profile_run(cfg, runs_dir=root / "runs", progress=False) for _ in range(2))
         scratch = root / "scratch"
         scratch.mkdir()
-        samples = _measure(_commands(root / "runs", a, b, root / "report.html"), scratch, warmup=warmup,
+        samples = _measure(_commands(root / "runs", a, b, root / "report.html", args.baseline), scratch, warmup=warmup,
                            rounds=rounds)
     floor = median(samples["python -c pass"]["seconds"])
     rows = [_row(name, s, floor) for name, s in samples.items()]
     mode = "QUICK (3 rounds: do not quote its figures)" if args.quick else "full"
     if args.rounds:
         mode += f"; custom settings (--rounds {args.rounds})"
+    if args.baseline:
+        mode += f"; baseline: {_revision(args.baseline)}"
     text = (header("Cold start of the read commands") + f"- mode: {mode}\n\n"
             + table(["command", "median (s)", "quartiles (s)", "less the floor (s)", "peak RSS (MB)",
                      "torch imported", "exit code", f"under {TARGET_S:g} s"], rows)
