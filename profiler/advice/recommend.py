@@ -32,7 +32,7 @@ from optimizers.facts import Effect
 from optimizers.vocabulary import Bottleneck, Capability
 from profiler.advice.diagnose import LOW_PRECISION_SPEEDUP, diagnose, host_bound, v
 from profiler.advice.plan import plan
-from profiler.analysis import RunData, analyze
+from profiler.analysis import RunData, analyze, stored
 from profiler.analysis.figures import Figures, known
 from profiler.config import build_run_config, load_config
 from profiler.metrics import PHASE_NAMES, lookup
@@ -282,4 +282,4 @@ def advise(run: RunData, *, allow_model_changes: bool = False, top: int | None =
     else:
         advice = recommend(run, figures, diagnosis, allow_model_changes=allow_model_changes, top=top)
     return {**diagnosis, **advice, "allow_model_changes": allow_model_changes,
-            "figures": {name: f.as_dict() for name, f in figures.items()}}
+            "figures": stored(figures)}

@@ -19,7 +19,7 @@ from typing import Any
 from profiler.analysis import breakdown, comm, environment, gpu_trace, input_pipeline, memory, operators, stability
 from profiler.analysis.comm import collectives_by_rank
 from profiler.analysis.environment import HARMLESS_REASONS
-from profiler.analysis.figures import Figure, Figures
+from profiler.analysis.figures import Figure, Figures, stored
 from profiler.analysis.loader import RunData, load_run
 from profiler.analysis.memory import capacity
 from profiler.analysis.operators import top_operators
@@ -28,7 +28,8 @@ from profiler.analysis.stability import OUTLIER_FACTOR, grad_norm_outliers
 from profiler.analysis.summary import summarize
 
 __all__ = ["HARMLESS_REASONS", "OUTLIER_FACTOR", "Figure", "Figures", "RunData", "RunRecord", "analyze", "capacity",
-           "collectives_by_rank", "grad_norm_outliers", "load_run", "summarize", "summary_of", "top_operators"]
+           "collectives_by_rank", "grad_norm_outliers", "load_run", "stored", "summarize", "summary_of",
+           "top_operators"]
 
 ANALYZERS = (breakdown, memory, comm, input_pipeline, operators, stability, environment, gpu_trace)
 """One module per concern, each `analyze(run, summary) -> Figures` (pure, documented in its docstring); gpu_trace

@@ -27,6 +27,11 @@ class Figure:
 Figures = dict[str, Figure]
 
 
+def stored(figures: Figures) -> dict[str, dict[str, Any]]:
+    """The figures as run.json's diagnosis and `glmperf diagnose --json` hold them."""
+    return {name: f.as_dict() for name, f in figures.items()}
+
+
 def num(value: Any) -> float:
     """A stored value as a float; NaN for None, missing or non-numbers."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan

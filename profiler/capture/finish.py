@@ -108,7 +108,7 @@ def _readings(run: RunData, summary: dict[str, Any], cfg: RunConfig | None) -> N
     record = run.record
     try:
         if run.source != "import":
-            device = run_device(record, cfg)
+            device = run_device(run, cfg)
             record["shape_speedup"] = shape_speedup(run, device)
             # the GPU's idle, overlap and launch figures as import reads them, and every rank's collectives
             if (device.type == "cuda" or run.world_size > 1) and (traced := trace_summary(run.path)):
@@ -144,12 +144,12 @@ def shape_speedup(run: RunData, device: torch.device) -> dict[str, float]:
     return {kind: matmul_speedup(device, work, MATMUL_DTYPES[kind]) for kind in kinds}
 
 
-def run_device(record: dict[str, Any], cfg: RunConfig | None = None) -> torch.device:
+def run_device(run: RunData, cfg: RunConfig | None = None) -> torch.device:
     """The device a stored run trained on: its config's for profile-run (`cfg` when built already), the
     recorded one otherwise."""
-    if record.get("source", "profile-run") == "profile-run":
-        return resolve_device((cfg or build_run_config(record["config"])).train.device)
-    return torch.device((record.get("environment") or {}).get("device", "cpu"))
+    if run.source == "profile-run":
+        return resolve_device((cfg or build_run_config(run.config)).train.device)
+    return torch.device(run.device)
 
 
 def measured_peaks(device: torch.device, amp: str) -> dict[str, Any]:

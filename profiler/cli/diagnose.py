@@ -36,14 +36,14 @@ def diagnosable(run_dir: Path) -> RunData:
 
 def main(args: argparse.Namespace) -> int:
     from profiler.advice.diagnose import diagnose
-    from profiler.analysis import analyze
+    from profiler.analysis import analyze, stored
     from profiler.cli import console
 
     run = diagnosable(common.run_path(args))
     figures = analyze(run)
     found = diagnose(figures)
     diagnosis = {"verdict": found["verdict"], "bottlenecks": found["bottlenecks"], "skipped": found["skipped"],
-                 "figures": {name: f.as_dict() for name, f in figures.items()}}
+                 "figures": stored(figures)}
     if args.json:
         print(json.dumps(diagnosis, indent=2, default=str))
     else:

@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
     for failure in imported.failed:
         print(f"glmperf: warning: left out {failure['error']}", file=sys.stderr)
     run = load_run(imported.run_dir)
-    summary, diagnosis = run.record.get("summary") or {}, run.record.get("diagnosis") or {}
+    summary, diagnosis = run.stored_summary or {}, run.diagnosis
     if args.json:
         print(json.dumps({"id": run.id, "path": str(run.path), "source": run.source, "failed": imported.failed,
                           "summary": summary, "diagnosis": diagnosis}, indent=2, default=str))

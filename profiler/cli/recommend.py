@@ -52,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
     common.at_least_one("--top", args.top)
     run = diagnosable(common.run_path(args))
     advice = advise(run, allow_model_changes=args.allow_model_changes, top=args.top)
-    verification = (run.record.get("diagnosis") or {}).get("verification")
+    verification = run.verification
     if args.verify:
         from profiler.experiments.batch import BatchInterrupted
         from profiler.experiments.verify import run_verification

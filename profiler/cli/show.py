@@ -23,11 +23,11 @@ def show(run_dir: Path, *, as_json: bool) -> str:
     run = common.load_run(run_dir)
     summary = summary_of(run)
     if as_json:
-        print(json.dumps({"id": run.id, "path": str(run.path), "status": run.status, "error": run.record.get("error"),
+        print(json.dumps({"id": run.id, "path": str(run.path), "status": run.status, "error": run.error,
                           "summary": summary, "diagnosis": run.record.get("diagnosis")}, indent=2, default=str))
         return run.status
     console.print_summary(run.record, summary, run.status, run.path, sys.stdout)
-    console.print_advice_head(run.id, run.record.get("diagnosis") or {}, sys.stdout)
+    console.print_advice_head(run.id, run.diagnosis, sys.stdout)
     return run.status
 
 
