@@ -17,7 +17,16 @@ import yaml
 
 from optimizers.config import ConfigError, Section
 
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+def _configs_dir() -> Path:
+    """The shipped presets: inside the package when installed from a wheel (pyproject maps configs/ to
+    profiler/presets), else the checkout's top-level configs/."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "presets"
+    return packaged if packaged.is_dir() else here.parent / "configs"
+
+
+CONFIGS_DIR = _configs_dir()
 
 
 @dataclass
