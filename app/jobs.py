@@ -3,9 +3,10 @@
 A verification reruns a config several times and takes minutes, longer than a page lives: it runs in
 its own session (a page reload or a closed tab does not stop it), writes its output to
 `<runs_dir>/.dashboard/verify-<run id>.log`, and its pid and start time to
-`verify-<run id>.json` beside it, so any later page finds it, tells whether it still runs, and
-shows the tail of its log. Its result lands where the command stores it: the verified run's
-run.json `diagnosis.verification`; its runs link back through run.json `verifies.run`.
+`verify-<run id>.json` beside it (the id made a plain file name), so any later page finds it, tells
+whether it still runs, and shows the tail of its log. Only a run inside the runs directory is verified.
+Its result lands where the command stores it: the verified run's run.json `diagnosis.verification`;
+its runs link back through run.json `verifies.run`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from profiler import store
+from reports import paths
 
 JOBS_DIR = ".dashboard"
 CLI = "import sys; from profiler.cli import main; sys.exit(main())"
@@ -55,8 +57,8 @@ class Job:
 
 
 def _paths(runs_dir: Path, run_id: str) -> tuple[Path, Path]:
-    folder = runs_dir / JOBS_DIR
-    return folder / f"verify-{run_id}.json", folder / f"verify-{run_id}.log"
+    folder, name = runs_dir / JOBS_DIR, f"verify-{paths.plain_name(run_id)}"
+    return folder / f"{name}.json", folder / f"{name}.log"
 
 
 def command(run_id: str, runs_dir: Path, *, top: int, repeats: int, steps: int | None) -> list[str]:
@@ -77,7 +79,9 @@ def find(run_id: str, runs_dir: Path) -> Job | None:
 
 
 def start(run_id: str, runs_dir: Path, *, top: int = 3, repeats: int = 3, steps: int | None = None) -> Job:
-    """Start verifying `run_id` unless a verification of it already runs (then that one is returned)."""
+    """Start verifying `run_id` unless a verification of it already runs (then that one is returned);
+    StoreError when it names no run inside the runs directory."""
+    paths.served_run(run_id, runs_dir)
     current = find(run_id, runs_dir)
     if current is not None and current.running:
         return current
