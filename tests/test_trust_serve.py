@@ -318,3 +318,14 @@ def test_a_page_that_fails_shows_one_message_and_no_traceback(runs: tuple[Path, 
         at = page(root, monkeypatch, name)
         assert texts(at, "error") == "This page could not be shown; the dashboard's log says why.", name
         assert not at.exception and str(tmp_path) not in texts(at, "error", "markdown", "caption", "code"), name
+
+
+def test_the_run_page_offers_only_the_runs_own_trace_files(runs: tuple[Path, Path], tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    root, inside = runs
+    secret = tmp_path / "secret.json.gz"
+    secret.write_bytes(b"not the run's")
+    (inside / "traces").mkdir(exist_ok=True)
+    (inside / "traces" / "rank7.json.gz").symlink_to(secret)  # a link in a run's traces to a file elsewhere
+    labels = [b.label for b in page(root, monkeypatch, "run", run=inside.name).get("download_button")]
+    assert labels[0] == "HTML report" and "trace rank7.json.gz" not in labels
