@@ -12,6 +12,7 @@ its runs link back through run.json `verifies.run`.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -69,11 +70,15 @@ def command(run_id: str, runs_dir: Path, *, top: int, repeats: int, steps: int |
 
 
 def find(run_id: str, runs_dir: Path) -> Job | None:
-    """The last verification of `run_id` started from the dashboard, running or not."""
-    record, _ = _paths(runs_dir, run_id)
+    """The last verification of `run_id` started from the dashboard, running or not. Its log is the one
+    beside its record, never a path the record names, and neither may be a link out of the runs directory:
+    the page shows the log."""
+    record, log = _paths(runs_dir, run_id)
+    if not (paths.inside(record, runs_dir) and paths.inside(log, runs_dir)):
+        return None
     try:
         data = json.loads(record.read_text(encoding="utf-8"))
-        return Job(run_id, int(data["pid"]), float(data["started"]), list(data["command"]), Path(data["log"]))
+        return Job(run_id, int(data["pid"]), float(data["started"]), list(data["command"]), log)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -87,8 +92,11 @@ def start(run_id: str, runs_dir: Path, *, top: int = 3, repeats: int = 3, steps:
         return current
     record, log = _paths(runs_dir, run_id)
     record.parent.mkdir(parents=True, exist_ok=True)
+    if not paths.inside(record.parent, runs_dir):
+        raise store.StoreError(f"{JOBS_DIR} in the runs directory is a symbolic link: verifications write there")
     argv = command(run_id, runs_dir, top=top, repeats=repeats, steps=steps)
-    with open(log, "wb") as out:
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)  # never through a link
+    with open(fd, "wb") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:

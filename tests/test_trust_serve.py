@@ -329,3 +329,20 @@ def test_the_run_page_offers_only_the_runs_own_trace_files(runs: tuple[Path, Pat
     (inside / "traces" / "rank7.json.gz").symlink_to(secret)  # a link in a run's traces to a file elsewhere
     labels = [b.label for b in page(root, monkeypatch, "run", run=inside.name).get("download_button")]
     assert labels[0] == "HTML report" and "trace rank7.json.gz" not in labels
+
+
+def test_a_verification_shows_and_writes_only_its_own_log(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    root, inside = runs
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the job's\n")
+    folder = root / jobs.JOBS_DIR
+    folder.mkdir()
+    record = folder / f"verify-{inside.name}.json"  # a record naming a log elsewhere
+    record.write_text(json.dumps({"run": inside.name, "pid": 1, "started": 0.0, "command": [], "log": str(secret)}))
+    job = jobs.find(inside.name, root)
+    assert job is not None and "not the job's" not in job.tail()
+    (folder / f"verify-{inside.name}.log").symlink_to(secret)  # a log that is a link elsewhere
+    assert jobs.find(inside.name, root) is None
+    with pytest.raises(OSError):
+        jobs.start(inside.name, root, top=1, repeats=1, steps=1)
+    assert secret.read_text() == "not the job's\n"
