@@ -6,7 +6,8 @@
 
 Registered on the glmperf command line through the `glmperf.commands` entry point (profiler.plugins);
 profile-run calls `after_run` when a run ends, so every run directory gets its report.html. Exit 0
-with the path printed; 2 on bad input, in one line (profiler.cli.common). plotly and jinja2 load
+with the path printed; 2 on bad input, in one line (profiler.cli.common), where it is written
+included (reports.paths); 130 on Ctrl-C, the old report left as it was. plotly and jinja2 load
 only when a report is written, so `glmperf --help` stays quick.
 """
 

@@ -62,7 +62,8 @@ def check_inside(directory: Path, runs_dir: Path, what: str) -> None:
     directory (a link there could point anywhere); `-o FILE` writes elsewhere."""
     if not inside(directory, runs_dir):
         raise Refused(f"will not write into {what} {directory}: it is a symbolic link or lies outside the runs "
-                      f"directory {runs_dir}; give -o FILE to write the report elsewhere, or --runs-dir")
+                      f"directory {runs_dir}; give -o FILE to write the report elsewhere (or --runs-dir DIR for "
+                      "the runs directory it lies in)")
 
 
 def served_run(ref: str, runs_dir: Path) -> Path:
