@@ -6,13 +6,15 @@ every `profile.flush_interval_s`, is read again as it grows, and an unchanged on
 cache. Entries also expire after LIVE_TTL_S: a run whose process was killed changes no file, yet
 reads as `incomplete` once its entry is read again.
 
-Nothing here raises for a bad run: what cannot be read comes back as an `error` to show.
+Nothing here raises for a bad run: what cannot be read comes back as an `error` to show, with the
+runs directory's path taken out (`shown`). Only runs inside the runs directory are listed or served
+(reports.paths.served_run): a run directory that is a symbolic link is neither.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +27,7 @@ from profiler import settings, store, text
 from profiler.analysis import RunData, RunRecord, load_run, summary_of
 from profiler.experiments import records as experiment_records
 from profiler.metrics import METRIC_BY_NAME, lookup
-from reports import report_run, report_sweep
+from reports import paths, report_run, report_sweep
 
 if TYPE_CHECKING:
     from profiler.compare.runs import Comparison
@@ -42,6 +44,12 @@ Figures = list[tuple[str, go.Figure | None, str]]
 def runs_dir() -> Path:
     """The runs directory every page reads: $GLMPERF_RUNS (set by `glmperf dashboard`), else ./runs."""
     return store.default_runs_dir().resolve()
+
+
+def shown(text: str, runs_dir: Path) -> str:
+    """`text` as a page may show it: a path under the runs directory relative to it, the directory itself
+    by its name, so no page shows where the server keeps its files."""
+    return text.replace(f"{runs_dir}/", "").replace(str(runs_dir), runs_dir.name)
 
 
 def stamp(run_dir: Path) -> tuple[int, ...]:
@@ -63,8 +71,10 @@ def _stamps(runs_dir: Path) -> tuple[tuple[str, tuple[int, ...]], ...]:
 
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
 def _records(runs_dir: str, stamps: tuple[Any, ...]) -> list[dict[str, Any]]:
-    records = store.list_runs(Path(runs_dir))
+    records = [r for r in store.list_runs(Path(runs_dir)) if paths.inside(Path(r["path"]), Path(runs_dir))]
     for r in records:  # a live run has no stored summary yet: compute it from what was flushed
+        if r.get("problems"):
+            r["problems"] = [shown(p, Path(runs_dir)) for p in r["problems"]]
         if r.get("status") in LIVE:
             r["summary"] = _live_summary(r["path"], stamp(Path(r["path"])))
     return records
@@ -158,12 +168,13 @@ def _run_view(path: str, run_stamp: tuple[int, ...]) -> RunView:
 
 
 def run_view(run_id: str, runs_dir: Path) -> RunView:
-    """The run a page names (an id, a name or a directory), read as it is now."""
+    """The run a page names (an id, a name or a directory inside the runs directory), read as it is now."""
     try:
-        path = store.resolve_run(run_id, runs_dir)
+        path = paths.served_run(run_id, runs_dir)
     except store.StoreError as exc:
-        return RunView(runs_dir / run_id, error=str(exc))
-    return _run_view(str(path), stamp(path))
+        return RunView(runs_dir, error=str(exc))
+    view = _run_view(str(path), stamp(path))
+    return replace(view, error=shown(view.error, runs_dir))
 
 
 def report_html(path: Path) -> str:
@@ -172,8 +183,8 @@ def report_html(path: Path) -> str:
 
 
 def trace_paths(path: Path) -> list[Path]:
-    """The run's chrome traces (traces/rank<r>.json.gz), for download."""
-    return store.trace_paths(path)
+    """The run's chrome traces (traces/rank<r>.json.gz), for download: files of the run's own, no link."""
+    return [p for p in store.trace_paths(path) if paths.inside(p, path) and p.is_file()]
 
 
 def file_bytes(path: Path) -> bytes:
@@ -189,19 +200,28 @@ class CompareView:
     figures: Figures = field(default_factory=list)
 
 
+def _sides(runs_dir: Path, base: Sequence[str], cand: Sequence[str]) -> tuple[list[RunData], list[RunData]]:
+    """The runs of each side, each one a run inside the runs directory (StoreError for any other)."""
+    from profiler.cli.compare import load_side
+
+    def side(refs: Sequence[str]) -> list[RunData]:
+        return load_side([str(paths.served_run(ref, runs_dir)) for ref in refs], runs_dir)
+
+    return side(base), side(cand)
+
+
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
 def _compare_view(runs_dir: str, base: tuple[str, ...], cand: tuple[str, ...], stamps: tuple[Any, ...]
                   ) -> CompareView:
-    from profiler.cli.compare import load_side  # scipy: only once a comparison is asked for
-    from profiler.compare.gate import GateError, make_gate
+    from profiler.compare.gate import GateError, make_gate  # scipy: only once a comparison is asked for
     from profiler.compare.runs import compare
     from reports import report_compare
 
     try:
-        b, c = load_side(list(base), Path(runs_dir)), load_side(list(cand), Path(runs_dir))
+        b, c = _sides(Path(runs_dir), base, cand)
         result = compare(b, c, make_gate())
     except (store.StoreError, GateError, ValueError) as exc:
-        return CompareView(error=str(exc))
+        return CompareView(error=shown(str(exc), Path(runs_dir)))
     return CompareView(comparison=result, figures=report_compare.compare_figures(b, c, result))
 
 
@@ -212,19 +232,18 @@ def compare_view(runs_dir: Path, base: Sequence[str], cand: Sequence[str]) -> Co
 
 def compare_html(runs_dir: Path, base: Sequence[str], cand: Sequence[str]) -> str:
     """The comparison's HTML report, written now (what `glmperf report --compare` writes)."""
-    from profiler.cli.compare import load_side
     from profiler.compare.gate import make_gate
     from profiler.compare.runs import compare
     from reports import report_compare
 
-    b, c = load_side(list(base), runs_dir), load_side(list(cand), runs_dir)
+    b, c = _sides(runs_dir, base, cand)
     return report_compare.compare_report(b, c, compare(b, c, make_gate()))
 
 
 def _plan_stamps(runs_dir: Path, kind: str) -> tuple[tuple[str, int], ...]:
     folder = runs_dir / experiment_records.KINDS[kind]
-    return tuple((str(p), p.stat().st_mtime_ns) for p in sorted(folder.glob(f"*/{kind}.json"))) \
-        if folder.is_dir() else ()
+    return tuple((str(p), p.stat().st_mtime_ns) for p in sorted(folder.glob(f"*/{kind}.json"))
+                 if paths.inside(p.parent, runs_dir)) if folder.is_dir() else ()
 
 
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)
@@ -234,7 +253,7 @@ def _sweeps(runs_dir: str, stamps: tuple[tuple[str, int], ...]) -> list[dict[str
         try:
             _, sweep = report_sweep.read_sweep(Path(path).parent, Path(runs_dir))
         except store.StoreError as exc:
-            out.append({"id": Path(path).parent.name, "created": "", "error": str(exc)})
+            out.append({"id": Path(path).parent.name, "created": "", "error": shown(str(exc), Path(runs_dir))})
             continue
         out.append({"id": sweep["id"], "created": sweep.get("created") or "", "record": sweep,
                     "figures": report_sweep.sweep_figures(sweep), "best": report_sweep.best_cells(sweep),
@@ -268,7 +287,7 @@ def _tunes(runs_dir: str, stamps: tuple[tuple[str, int], ...]) -> list[dict[str,
         try:
             record = experiment_records.read(Path(path).parent, "tune")
         except store.StoreError as exc:
-            out.append({"id": Path(path).parent.name, "created": "", "error": str(exc)})
+            out.append({"id": Path(path).parent.name, "created": "", "error": shown(str(exc), Path(runs_dir))})
             continue
         out.append({"id": record["id"], "created": record.get("created") or "", "record": record,
                     "rows": _tune_rows(record),

@@ -3,14 +3,16 @@
 A verification reruns a config several times and takes minutes, longer than a page lives: it runs in
 its own session (a page reload or a closed tab does not stop it), writes its output to
 `<runs_dir>/.dashboard/verify-<run id>.log`, and its pid and start time to
-`verify-<run id>.json` beside it, so any later page finds it, tells whether it still runs, and
-shows the tail of its log. Its result lands where the command stores it: the verified run's
-run.json `diagnosis.verification`; its runs link back through run.json `verifies.run`.
+`verify-<run id>.json` beside it (the id made a plain file name), so any later page finds it, tells
+whether it still runs, and shows the tail of its log. Only a run inside the runs directory is verified.
+Its result lands where the command stores it: the verified run's run.json `diagnosis.verification`;
+its runs link back through run.json `verifies.run`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from profiler import store
+from reports import paths
 
 JOBS_DIR = ".dashboard"
 CLI = "import sys; from profiler.cli import main; sys.exit(main())"
@@ -55,8 +58,8 @@ class Job:
 
 
 def _paths(runs_dir: Path, run_id: str) -> tuple[Path, Path]:
-    folder = runs_dir / JOBS_DIR
-    return folder / f"verify-{run_id}.json", folder / f"verify-{run_id}.log"
+    folder, name = runs_dir / JOBS_DIR, f"verify-{paths.plain_name(run_id)}"
+    return folder / f"{name}.json", folder / f"{name}.log"
 
 
 def command(run_id: str, runs_dir: Path, *, top: int, repeats: int, steps: int | None) -> list[str]:
@@ -67,24 +70,33 @@ def command(run_id: str, runs_dir: Path, *, top: int, repeats: int, steps: int |
 
 
 def find(run_id: str, runs_dir: Path) -> Job | None:
-    """The last verification of `run_id` started from the dashboard, running or not."""
-    record, _ = _paths(runs_dir, run_id)
+    """The last verification of `run_id` started from the dashboard, running or not. Its log is the one
+    beside its record, never a path the record names, and neither may be a link out of the runs directory:
+    the page shows the log."""
+    record, log = _paths(runs_dir, run_id)
+    if not (paths.inside(record, runs_dir) and paths.inside(log, runs_dir)):
+        return None
     try:
         data = json.loads(record.read_text(encoding="utf-8"))
-        return Job(run_id, int(data["pid"]), float(data["started"]), list(data["command"]), Path(data["log"]))
+        return Job(run_id, int(data["pid"]), float(data["started"]), list(data["command"]), log)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def start(run_id: str, runs_dir: Path, *, top: int = 3, repeats: int = 3, steps: int | None = None) -> Job:
-    """Start verifying `run_id` unless a verification of it already runs (then that one is returned)."""
+    """Start verifying `run_id` unless a verification of it already runs (then that one is returned);
+    StoreError when it names no run inside the runs directory."""
+    paths.served_run(run_id, runs_dir)
     current = find(run_id, runs_dir)
     if current is not None and current.running:
         return current
     record, log = _paths(runs_dir, run_id)
     record.parent.mkdir(parents=True, exist_ok=True)
+    if not paths.inside(record.parent, runs_dir):
+        raise store.StoreError(f"{JOBS_DIR} in the runs directory is a symbolic link: verifications write there")
     argv = command(run_id, runs_dir, top=top, repeats=repeats, steps=steps)
-    with open(log, "wb") as out:
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)  # never through a link
+    with open(fd, "wb") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:

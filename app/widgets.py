@@ -18,13 +18,14 @@ from reports.report_run import BANNERS
 
 def no_runs(runs_dir: Path, runs: Sequence[RunRecord]) -> bool:
     """Say so when there is nothing to show (no runs directory, or no run in it); True then."""
+    name = runs_dir.name  # no page shows where the server keeps its files
     if not runs_dir.is_dir():
-        st.info(f"No runs directory at `{runs_dir}` yet. `profile-run --preset tiny --runs-dir {runs_dir}` makes "
-                "one with a first run; `glmperf dashboard --runs-dir DIR` reads another.")
+        st.info(f"No runs directory at `{name}` yet. `profile-run --preset tiny --runs-dir {name}` makes one with a "
+                "first run; `glmperf dashboard --runs-dir DIR` reads another.")
         return True
     if not runs:
-        st.info(f"No runs in `{runs_dir}` yet. `profile-run --preset tiny --runs-dir {runs_dir}` makes one; this "
-                "page shows it as soon as it starts.")
+        st.info(f"No runs in `{name}` yet. `profile-run --preset tiny --runs-dir {name}` makes one; this page shows "
+                "it as soon as it starts.")
         return True
     return False
 

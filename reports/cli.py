@@ -6,16 +6,20 @@
 
 Registered on the glmperf command line through the `glmperf.commands` entry point (profiler.plugins);
 profile-run calls `after_run` when a run ends, so every run directory gets its report.html. Exit 0
-with the path printed; 2 on bad input, in one line (profiler.cli.common). plotly and jinja2 load
+with the path printed; 2 on bad input, in one line (profiler.cli.common), where it is written
+included (reports.paths); 130 on Ctrl-C, the old report left as it was. plotly and jinja2 load
 only when a report is written, so `glmperf --help` stays quick.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from profiler.cli import common
+from reports import paths
 
 REPORT_FILE = "report.html"
 
@@ -46,11 +50,23 @@ def write_run_report(run_dir: Path, output: Path | None = None) -> Path:
     return html.write(output or run_dir / REPORT_FILE, run_report(common.load_run(run_dir)))
 
 
-def _compare(args: argparse.Namespace, runs_dir: Path) -> Path:
+Page = Callable[[], str]
+"""A report still to render: rendering takes a second, so where it goes is checked first."""
+
+
+def _run(args: argparse.Namespace, runs_dir: Path) -> tuple[Path, Page]:
+    from reports.report_run import run_report
+
+    run_dir = common.run_path(args)
+    if args.output is None:
+        paths.check_inside(run_dir, runs_dir, "run directory")
+    return args.output or run_dir / REPORT_FILE, lambda: run_report(common.load_run(run_dir))
+
+
+def _compare(args: argparse.Namespace, runs_dir: Path) -> tuple[Path, Page]:
     from profiler.cli.compare import load_side
     from profiler.compare.gate import GateError, make_gate
     from profiler.compare.runs import compare
-    from reports import html
     from reports.report_compare import compare_report
 
     if args.vs is None and len(args.compare) != 2:
@@ -59,33 +75,42 @@ def _compare(args: argparse.Namespace, runs_dir: Path) -> Path:
     base, cand = load_side(refs[0], runs_dir), load_side(refs[1], runs_dir)
     with common.bad_input_from(GateError):
         result = compare(base, cand, make_gate())
-    output = args.output or Path(f"compare-{result.base[0]}-vs-{result.cand[0]}.html")
-    return html.write(output, compare_report(base, cand, result))
+    name = f"compare-{paths.plain_name(result.base[0])}-vs-{paths.plain_name(result.cand[0])}.html"
+    return args.output or Path(name), lambda: compare_report(base, cand, result)
 
 
-def _sweep(args: argparse.Namespace, runs_dir: Path) -> Path:
-    from reports import html
+def _sweep(args: argparse.Namespace, runs_dir: Path) -> tuple[Path, Page]:
     from reports.report_sweep import read_sweep, sweep_report
 
     path, sweep = read_sweep(args.sweep, runs_dir)
-    return html.write(args.output or path.parent / REPORT_FILE, sweep_report(sweep, path))
+    if args.output is None:
+        paths.check_inside(path.parent, runs_dir, "sweep directory")
+    return args.output or path.parent / REPORT_FILE, lambda: sweep_report(sweep, path)
 
 
 def main(args: argparse.Namespace) -> int:
-    """Write the report the arguments ask for and print its path; bad input raises BadInput (exit 2)."""
+    """Write the report the arguments ask for and print its path; bad input raises BadInput (exit 2), a
+    Ctrl-C says what was left as it was (exit 130)."""
+    from reports import html
+
     runs_dir = common.runs_dir(args)
     if args.vs is not None and args.compare is None:
         raise common.BadInput("--vs goes with --compare")
+    make = _compare if args.compare is not None else _sweep if args.sweep is not None else _run
+    output: Path | None = None
     try:
-        if args.compare is not None:
-            path = _compare(args, runs_dir)
-        elif args.sweep is not None:
-            path = _sweep(args, runs_dir)
-        else:
-            path = write_run_report(common.run_path(args), args.output)
+        with common.bad_input_from(paths.Refused):
+            output, page = make(args, runs_dir)
+            paths.check_output(output)
+            html.write(output, page())
     except OSError as exc:
-        raise common.BadInput(f"cannot write {exc.filename or args.output}: {exc.strerror or exc}") from None
-    print(f"report: {path}")
+        what = f"cannot write {output}" if output is not None else f"cannot read {exc.filename}"
+        raise common.BadInput(f"{what}: {exc.strerror or exc}") from None
+    except KeyboardInterrupt:
+        print("report interrupted: " + (f"{output} is as it was" if output is not None else "nothing written"),
+              file=sys.stderr)
+        return common.EXIT_INTERRUPTED
+    print(f"report: {output}")
     return common.EXIT_OK
 
 

@@ -10,6 +10,7 @@ the templates' autoescape, and reaches the figures' JSON escaped for a script el
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from functools import cache
@@ -21,6 +22,7 @@ import plotly.graph_objects as go
 import plotly.offline
 from markupsafe import Markup
 
+from reports import paths
 from reports.plotting import caption, title
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -79,15 +81,25 @@ def render(template: str, **context: Any) -> str:
 
 
 def write(path: Path, text: str) -> Path:
-    """Write the page atomically (a reader never sees half a report) and return its path."""
+    """Write the page and return its path: over a regular file (keeping its mode) or at a new path, never
+    through a link or over a device (paths.check_output). Atomic: the page goes to a temp file beside
+    `path`, synced, then renamed over it, so a reader, a full disk or a Ctrl-C never leaves half a
+    report, and the temp file is removed on any failure."""
+    paths.check_output(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as any file the user writes (mkstemp makes it private)
+        mode = 0o666 & ~umask  # as any file the user writes (mkstemp makes it private)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -209,11 +209,12 @@ def test_every_page_says_when_there_are_no_runs(tmp_path: Path, name: str, monke
 
 
 def test_dashboard_command(tmp_path: Path) -> None:
-    argv, env = cli.command(argparse.Namespace(runs_dir=tmp_path, port=8765))
+    argv, env = cli.command(argparse.Namespace(runs_dir=tmp_path, port=8765, host=cli.DEFAULT_HOST))
     assert argv[1:5] == ["-m", "streamlit", "run", str(APP)] and "8765" in argv
+    assert argv[argv.index("--server.address") + 1] == "127.0.0.1"
     assert env["GLMPERF_RUNS"] == str(tmp_path.resolve())
     with pytest.raises(ValueError, match="--port"):
-        cli.command(argparse.Namespace(runs_dir=tmp_path, port=0))
+        cli.command(argparse.Namespace(runs_dir=tmp_path, port=0, host=cli.DEFAULT_HOST))
 
 
 @pytest.mark.slow

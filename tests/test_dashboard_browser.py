@@ -61,7 +61,7 @@ def dashboard(tmp_path: Path, completed_run: Path, failed_run: Path, two_rank_ru
     log = (tmp_path / "dashboard.log").open("wb")
     server = subprocess.Popen([sys.executable, "-c", CLI, "dashboard", "--runs-dir", str(runs), "--port", str(port)],
                               cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://localhost:{port}"
+    url = f"http://127.0.0.1:{port}"  # where the dashboard serves by default
     deadline = time.time() + 90
     while True:
         try:

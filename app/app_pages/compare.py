@@ -7,6 +7,7 @@ import streamlit as st
 
 from app import data, widgets
 from profiler.compare.formats import headline
+from reports.paths import plain_name
 from reports.report_compare import metric_rows
 
 METRIC_HEADERS = ["metric", "unit", "baseline", "candidate", "change", "interval", "p", "threshold", "verdict", "why"]
@@ -25,7 +26,7 @@ cand = right.multiselect("Candidates", options, default=wanted_cand or done[:1],
 if (base, cand) != (wanted_base, wanted_cand):
     st.query_params.from_dict({"base": base, "cand": cand})
 if len(done) < 2 and not (base and cand):
-    st.info(f"A comparison needs two completed runs; {len(done)} in `{runs_dir}`.")
+    st.info(f"A comparison needs two completed runs; {len(done)} in `{runs_dir.name}`.")
     st.stop()
 if not base or not cand:
     st.info("Pick a baseline and at least one candidate.")
@@ -41,7 +42,8 @@ st.caption(f"loss parity: {c.parity.verdict}: {c.parity.reason}")
 for line in filter(None, [c.across_devices, *c.notes]):
     st.caption(line)
 st.download_button("HTML report", lambda: data.compare_html(runs_dir, base, cand),
-                   file_name=f"compare-{c.base[0]}-vs-{c.cand[0]}.html", mime="text/html", on_click="ignore")
+                   file_name=f"compare-{plain_name(c.base[0])}-vs-{plain_name(c.cand[0])}.html", mime="text/html",
+                   on_click="ignore")
 st.subheader("Metrics")
 widgets.table(metric_rows(c), METRIC_HEADERS)
 st.subheader("Figures")

@@ -23,7 +23,7 @@ def _progress(run_id: str, job: jobs.Job) -> None:
     state = "running" if job.running else "finished"
     st.markdown(f"**Verification {state}** (started {since}, pid {job.pid}): {len(made)} run(s) made so far"
                 + (f", the last {made[-1].id} ({made[-1].status})" if made else ""))
-    st.code(job.tail() or "(no output yet)", language="text")
+    st.code(data.shown(job.tail(), runs_dir) or "(no output yet)", language="text")
 
 
 def _verify(run_id: str) -> None:
@@ -72,7 +72,7 @@ def _verify(run_id: str) -> None:
 def _sweeps() -> None:
     found = data.sweeps(runs_dir)
     if not found:
-        st.info(f"No sweeps in `{runs_dir / 'sweeps'}`. `glmperf sweep --preset tiny --grid switches.amp=off,bf16` "
+        st.info(f"No sweeps in `{runs_dir.name}/sweeps`. `glmperf sweep --preset tiny --grid switches.amp=off,bf16` "
                 "runs one.")
         return
     ids = [s["id"] for s in found]
@@ -94,7 +94,7 @@ def _sweeps() -> None:
 def _tunes() -> None:
     found = data.tunes(runs_dir)
     if not found:
-        st.info(f"No tunes in `{runs_dir / 'tunes'}`. `glmperf tune --preset tiny --steps 20` runs one.")
+        st.info(f"No tunes in `{runs_dir.name}/tunes`. `glmperf tune --preset tiny --steps 20` runs one.")
         return
     ids = [t["id"] for t in found]
     wanted = st.query_params.get("tune")

@@ -14,6 +14,7 @@ from profiler.metrics import METRIC_BY_NAME
 from profiler.settings import settings_text
 from reports import report_run
 from reports.figures_advice import verified
+from reports.paths import plain_name
 
 REFRESH_S = 2.0  # how often a running run's page reads it again (runs flush every 2 s by default)
 HEADLINE = ("tokens_per_s", "step_time_p50", "peak_memory", "mfu")
@@ -48,11 +49,12 @@ def _recommendations(view: data.RunView, run: RunData) -> None:
 def _downloads(run: RunData) -> None:
     traces = data.trace_paths(run.path)
     cols = st.columns(1 + len(traces))
-    cols[0].download_button("HTML report", lambda: data.report_html(run.path), file_name=f"{run.id}-report.html",
+    name = plain_name(run.id)
+    cols[0].download_button("HTML report", lambda: data.report_html(run.path), file_name=f"{name}-report.html",
                             mime="text/html", on_click="ignore")
     for col, path in zip(cols[1:], traces, strict=True):
         col.download_button(f"trace {path.name}", functools.partial(data.file_bytes, path),
-                            file_name=f"{run.id}-{path.name}", mime="application/gzip", on_click="ignore")
+                            file_name=f"{name}-{plain_name(path.name)}", mime="application/gzip", on_click="ignore")
 
 
 def _tables(view: data.RunView, run: RunData) -> None:
@@ -78,7 +80,7 @@ def _show(view: data.RunView) -> None:
         return
     st.header(run.id)
     st.caption(f"{run.status} · name {run.name} · created {run.created}"
-               + (f" · ended {run.ended_at}" if run.ended_at else "") + f" · `{run.path}`")
+               + (f" · ended {run.ended_at}" if run.ended_at else "") + f" · `{data.shown(str(run.path), runs_dir)}`")
     widgets.run_state(view)
     _verdict(view)
     _recommendations(view, run)

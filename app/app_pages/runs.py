@@ -13,7 +13,7 @@ SORTS = {"created": False, "name": True, "status": True,
 
 runs_dir = data.runs_dir()
 st.title("Runs")
-st.caption(f"Runs directory: `{runs_dir}`")
+st.caption(f"Runs directory: `{runs_dir.name}`")
 runs = data.records(runs_dir)
 if widgets.no_runs(runs_dir, runs):
     st.stop()
