@@ -4,14 +4,79 @@ launcher killed outright; and that a profiled run prints only what glmperf means
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from profiler import store
-from tests.conftest import ROOT, TINY
+import psutil
+import pytest
 
+from profiler import store
+from tests.conftest import ROOT, TINY, cli, glmperf, wait_for_steps
+
+TWO_RANKS = ("--nproc", "2", "--steps", "2000", "--no-trace", *[f"--set={o}" for o in TINY])
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _processes_of(run_dir: Path) -> list[psutil.Process]:
+    """The live processes started for `run_dir` (torchrun and its ranks: their command line names it)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if str(run_dir) in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(p)
+    return found
+
+
+def _gone_within(run_dir: Path, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _processes_of(run_dir):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+@pytest.fixture
+def started(tmp_path: Path):
+    """A 2-rank run whose steps are flowing: (launcher, run_dir). Whatever is left of it is killed after."""
+    proc = cli(*TWO_RANKS, runs_dir=tmp_path, env=ENV)
+    run_dir = wait_for_steps(tmp_path, 4)
+    yield proc, run_dir
+    for p in _processes_of(run_dir):  # what a failed test left training, before its pipes can close
+        p.kill()
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate(timeout=60)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_stops_torchrun_and_the_ranks_and_leaves_the_run_interrupted(started) -> None:
+    proc, run_dir = started
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    assert _gone_within(run_dir, 5)
+    record = store.read_run(run_dir)
+    assert record["status"] == "interrupted" and [r["status"] for r in record["ranks"]] == ["interrupted"] * 2
+    steps = store.read_table(run_dir, "steps")
+    assert len(steps) >= 8 and (steps.groupby("rank")["step"].apply(list).map(lambda s: s == list(range(len(s))))).all()
+
+
+@pytest.mark.slow
+def test_a_launcher_killed_outright_takes_its_ranks_with_it_and_finalize_says_so(started) -> None:
+    proc, run_dir = started
+    pid = proc.pid
+    proc.kill()
+    proc.wait(timeout=10)
+    assert _gone_within(run_dir, 30), "ranks still training after their launcher was killed"
+    assert store.read_run(run_dir)["status"] == "incomplete"  # listed as killed, not `running`
+    done = glmperf("finalize", str(run_dir), env=ENV)
+    assert done.returncode == 1, done.stderr
+    record = store.read_run(run_dir)
+    assert record["status"] == "interrupted"
+    assert record["error"] == f"its launcher (pid {pid}) died; the ranks stopped with it"
+    assert len(store.read_table(run_dir, "steps")) >= 8
 
 
 NOISE = ("Memory block of unknown size", "USDT", "profiler_start", "profiler_stop")
