@@ -79,6 +79,21 @@ def test_a_launcher_killed_outright_takes_its_ranks_with_it_and_finalize_says_so
     assert len(store.read_table(run_dir, "steps")) >= 8
 
 
+@pytest.mark.slow
+def test_a_signal_to_one_rank_names_that_rank_first_and_prints_no_traceback(started) -> None:
+    proc, run_dir = started
+    rank1 = next(s for s in store.read_rank_statuses(run_dir) if s["rank"] == 1)
+    os.kill(rank1["pid"], signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    record = store.read_run(run_dir)
+    assert record["error"].startswith("rank 1 was stopped by SIGTERM; rank 0 then lost its connection"), record["error"]
+    assert "\n" not in record["error"]
+    assert proc.returncode == 130 and record["status"] == "interrupted"
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+    assert "rank 1 was stopped by SIGTERM" in err and str(run_dir / store.LAUNCHER_LOG) in err
+    assert "Root Cause (first observed failure)" in store.read_launcher_log(run_dir)
+
+
 NOISE = ("Memory block of unknown size", "USDT", "profiler_start", "profiler_stop")
 
 TWO_TRACED_RUNS = """

@@ -74,7 +74,8 @@ def _stop(proc: subprocess.Popen, run_dir: Path) -> None:
 
 
 def launch_ranks(run_dir: Path, nproc: int, *, progress: bool) -> str | None:
-    """torchrun the ranks and wait; returns what went wrong when the launch failed.
+    """torchrun the ranks and wait; returns what went wrong when the launch failed, None when the ranks' own
+    records say how the run ended.
 
     torchrun's and the ranks' stderr go to the run's launcher.log, not a pipe: ranks left behind
     by a dead agent keep a pipe open, and waiting for its end would wait for them. SIGTERM or Ctrl-C
@@ -92,12 +93,14 @@ def launch_ranks(run_dir: Path, nproc: int, *, progress: bool) -> str | None:
             raise
     if proc.returncode == 0:
         return None
-    err = store.read_launcher_log(run_dir)
-    sys.stderr.write(err[-4000:])
     if proc.returncode < 0:  # the agent itself was killed: its ranks may still be running
         stopped = _stop_orphans(run_dir)
         agent = f"the torchrun agent was killed by {signal.Signals(-proc.returncode).name}"
         return agent + (f"; rank(s) {', '.join(map(str, stopped))} stopped with it" if stopped else "")
+    ended = [s["status"] for s in store.read_rank_statuses(run_dir) if s.get("status") != "running"]
+    if len(ended) == nproc and set(ended) != {"completed"}:  # the ranks' records say why, cause first
+        return None
+    err = store.read_launcher_log(run_dir)
     last = err.strip().splitlines()[-1] if err.strip() else ""
     return torchrun_root_cause(err) or f"torchrun exited {proc.returncode}: {last}"
 

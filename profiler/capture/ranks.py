@@ -3,6 +3,7 @@
 Each rank writes only its own files (parts/, status-r<rank>.json), so a rank that dies leaves every
 step it flushed readable and the others' files untouched. SIGTERM unwinds a rank like Ctrl-C and
 leaves it `interrupted`, and so does the death of the launcher that started it (`LauncherWatch`).
+A rank that fails after another rank ended first says so: its failure is the other's consequence.
 """
 
 from __future__ import annotations
@@ -143,12 +144,13 @@ def instruments(profile: ProfileConfig, writer: store.RunWriter, *, device: torc
 
 
 def rank_outcome(error: BaseException | None) -> tuple[str, dict[str, Any]]:
-    """A rank's status from how its training ended, and the fields that say why."""
+    """A rank's status from how its training ended, and the fields that say why (`error` in one line)."""
     if error is None:
         return "completed", {}
     if isinstance(error, KeyboardInterrupt):
         return "interrupted", {"error": str(error) or "KeyboardInterrupt"}
-    return "failed", {"error": f"{type(error).__name__}: {error}",
+    first_line = next((line for line in str(error).splitlines() if line.strip()), "")
+    return "failed", {"error": f"{type(error).__name__}: {first_line}".rstrip(": "),
                       "traceback": "".join(traceback.format_exception(error))}
 
 
@@ -157,13 +159,14 @@ class RankRecord:
 
     The status says `running` (with this process's pid and host) from the start, so a reader of a
     live or killed run knows the ranks; `close` rewrites it with the outcome, after closing the
-    instruments (their summaries go into the record) and flushing every buffered row. A rank whose
-    launcher died says so, whatever that did to its training.
+    instruments (their summaries go into the record) and flushing every buffered row. With several
+    ranks the outcome names its cause first: this rank's signal, its launcher's death, or the rank that
+    ended before this one failed (a peer's end breaks the others' collectives: that is not their failure).
     """
 
-    def __init__(self, run_dir: Path, *, rank: int, flush_interval_s: float,
+    def __init__(self, run_dir: Path, *, rank: int, flush_interval_s: float, world_size: int = 1,
                  launcher: LauncherWatch | None = None) -> None:
-        self.run_dir, self.rank, self.launcher = run_dir, rank, launcher
+        self.run_dir, self.rank, self.world_size, self.launcher = run_dir, rank, world_size, launcher
         self.writer = store.RunWriter(run_dir, rank=rank, flush_interval_s=flush_interval_s)
         self.fields: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
         self.hooks: list[TrainerHook] = []
@@ -174,12 +177,28 @@ class RankRecord:
         store.write_rank_status(self.run_dir, self.rank, "running", **self.fields)
 
     def outcome(self, error: BaseException | None) -> tuple[str, dict[str, Any]]:
-        """This rank's status and why."""
+        """This rank's status and why, its cause first."""
         status, why = rank_outcome(error)
         if error is not None and self.launcher is not None and self.launcher.gone:
             return "interrupted", {**why, "error": f"its launcher (pid {self.launcher.pid}) died; the ranks stopped "
                                                   "with it"}
-        return status, why
+        if self.world_size == 1:
+            return status, why
+        if isinstance(error, Interrupted):
+            return status, {**why, "error": f"rank {self.rank} was stopped by {error.signame}"}
+        peer = self._first_ended_peer() if status == "failed" else None
+        if peer is None:
+            return status, why
+        cause = peer["error"] if peer["status"] == "interrupted" else f"rank {peer['rank']} failed ({peer['error']})"
+        return "interrupted", {**why, "error": f"{cause}; rank {self.rank} then lost its connection to it"}
+
+    def _first_ended_peer(self) -> dict[str, Any] | None:
+        """The other rank that ended first, stopped or failed (its outcome is written before its connections
+        close, so a peer whose end broke this rank's collectives has written it by now)."""
+        ended = [s for s in store.read_rank_statuses(self.run_dir)
+                 if s["rank"] != self.rank and s.get("status") in ("interrupted", "failed")]
+        return min(ended, default=None,
+                   key=lambda s: store.rank_status_path(self.run_dir, s["rank"]).stat().st_mtime)
 
     def close(self, error: BaseException | None) -> str:
         """Close the instruments and the writer, write the outcome; returns the rank's status.
@@ -207,7 +226,8 @@ def run_rank(run_dir: Path, cfg: RunConfig, *, device: torch.device, rank: int =
     `launcher`: the pid of the process that launched this rank on this host, when it is another process:
     the rank stops when it dies (LauncherWatch)."""
     watch = LauncherWatch(launcher) if launcher is not None and launcher != os.getpid() else None
-    record = RankRecord(run_dir, rank=rank, flush_interval_s=cfg.profile.flush_interval_s, launcher=watch)
+    record = RankRecord(run_dir, rank=rank, flush_interval_s=cfg.profile.flush_interval_s, world_size=world_size,
+                        launcher=watch)
     error: BaseException | None = None
     try:
         with sigterm_as_interrupt():
