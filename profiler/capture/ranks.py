@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -39,7 +40,7 @@ class Interrupted(KeyboardInterrupt):
 
     def __init__(self, signame: str) -> None:
         super().__init__(f"stopped by {signame}")
-        self.signame = signame
+        self.signame, self.at = signame, time.time()
 
 
 def raise_interrupted(signum: int, frame: Any) -> None:
@@ -182,23 +183,27 @@ class RankRecord:
         if error is not None and self.launcher is not None and self.launcher.gone:
             return "interrupted", {**why, "error": f"its launcher (pid {self.launcher.pid}) died; the ranks stopped "
                                                   "with it"}
-        if self.world_size == 1:
+        stop = error if isinstance(error, Interrupted) else None
+        if self.world_size == 1 or not (stop or status == "failed"):
             return status, why
-        if isinstance(error, Interrupted):
-            return status, {**why, "error": f"rank {self.rank} was stopped by {error.signame}"}
-        peer = self._first_ended_peer() if status == "failed" else None
+        peer = self._first_ended_peer(before=stop.at if stop else time.time())
         if peer is None:
-            return status, why
+            return status, {**why, "error": f"rank {self.rank} was stopped by {stop.signame}"} if stop else why
         cause = peer["error"] if peer["status"] == "interrupted" else f"rank {peer['rank']} failed ({peer['error']})"
-        return "interrupted", {**why, "error": f"{cause}; rank {self.rank} then lost its connection to it"}
+        then = "was then stopped with it" if stop else "then lost its connection to it"
+        return "interrupted", {**why, "error": f"{cause}; rank {self.rank} {then}"}
 
-    def _first_ended_peer(self) -> dict[str, Any] | None:
-        """The other rank that ended first, stopped or failed (its outcome is written before its connections
-        close, so a peer whose end broke this rank's collectives has written it by now)."""
-        ended = [s for s in store.read_rank_statuses(self.run_dir)
-                 if s["rank"] != self.rank and s.get("status") in ("interrupted", "failed")]
-        return min(ended, default=None,
-                   key=lambda s: store.rank_status_path(self.run_dir, s["rank"]).stat().st_mtime)
+    def _first_ended_peer(self, before: float) -> dict[str, Any] | None:
+        """The other rank that ended first, stopped or failed, if it ended `before` (when this rank's signal
+        came: torchrun stops the others once one ended). A peer writes its outcome before its connections
+        close, so one whose end broke this rank's collectives has written it by now."""
+        ended = []
+        for s in store.read_rank_statuses(self.run_dir):
+            if s["rank"] != self.rank and s.get("status") in ("interrupted", "failed"):
+                at = store.rank_status_path(self.run_dir, s["rank"]).stat().st_mtime
+                if at < before:
+                    ended.append((at, s))
+        return min(ended, key=lambda e: e[0])[1] if ended else None
 
     def close(self, error: BaseException | None) -> str:
         """Close the instruments and the writer, write the outcome; returns the rank's status.
