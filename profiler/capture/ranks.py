@@ -74,8 +74,8 @@ def signals_ignored(*signums: signal.Signals) -> Iterator[None]:
 class LauncherWatch:
     """Interrupts this rank's main thread (as SIGTERM does) once the process that launched it is gone.
 
-    A launcher killed outright (SIGKILL, the OOM killer) cannot stop its ranks, and torchrun starts them in
-    a session of their own, so without this they would train on to the end, into a run nobody finalizes.
+    A launcher killed outright (SIGKILL, the OOM killer) cannot stop torchrun or the ranks: without this they
+    would train on to the end, into a run nobody finalizes.
     """
 
     INTERVAL_S = 0.5
