@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     from profiler.capture.run import profile_run
 
     run_dir = profile_run(cfg, runs_dir=args.runs_dir, nproc=args.nproc, progress=not args.no_progress)
+    record = store.read_run(run_dir)
+    if args.nproc > 1 and record.get("error"):  # torchrun's own report is long: it stays in the log
+        print(f"{PROG}: {record['error']} (torchrun's output: {run_dir / store.LAUNCHER_LOG})", file=sys.stderr)
     for name, outcome in plugins.after_run(run_dir):
         if not isinstance(outcome, Path):
             print(f"{name}: {outcome}", file=sys.stderr)

@@ -27,11 +27,20 @@ With `memory_snapshot=True` on CUDA, the caching allocator's history is recorded
 (`torch.cuda.memory._record_memory_history`, a ring buffer of `snapshot_max_entries` events, python
 stacks only: the default "all" stacks are slow, torchtitan PR 2991) and dumped at train end, also
 after an OOM, to traces/memory_snapshot_rank<r>.pickle for pytorch.org/memory_viz.
+
+The window prints nothing of its own: kineto's `USDT ... profiler_start/stop` lines are silenced by
+KINETO_LOG_LEVEL (unless the user set it), and torch's "Memory block of unknown size" line, which C++
+logs to stderr where no warning filter reaches, is dropped by `StderrFilter` while the window collects.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import re
+import sys
+import threading
 import time
 from typing import Any
 
@@ -45,6 +54,58 @@ log = logging.getLogger("glmperf.trace")
 
 _COLLECTING = (ProfilerAction.WARMUP, ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+KINETO_QUIET = "6"
+"""KINETO_LOG_LEVEL above kineto's highest level (USDT, 5): its profiler_start/stop lines tell a user nothing
+to act on, and a failed trace is the window's `trace_error` anyway."""
+UNKNOWN_BLOCK = re.compile(rb"\] Memory block of unknown size was allocated before the profiling started, profiler "
+                           rb"results will not include the deallocation event")
+"""What c10 logs when memory allocated before profiling is freed while it records memory: nothing to act on."""
+
+
+class StderrFilter:
+    """The process's stderr (fd 2) through a pipe whose reader drops the lines matching `pattern` and passes
+    every other byte on: for what C++ prints, which Python's warning filters never see.
+
+    Children started meanwhile inherit the pipe; the reader serves them until they close it, and drains
+    the pipe even when stderr itself fails, so no writer ever blocks on it.
+    """
+
+    def __init__(self, pattern: re.Pattern[bytes]) -> None:
+        self.pattern = pattern
+        sys.stderr.flush()
+        self._saved, out = os.dup(2), os.dup(2)
+        read, write = os.pipe()
+        os.dup2(write, 2)
+        os.close(write)
+        self._reader = threading.Thread(target=self._pump, args=(read, out), name="glmperf-stderr-filter",
+                                        daemon=True)
+        self._reader.start()
+
+    def close(self) -> None:
+        """Give fd 2 back; what the pipe still holds is passed on (within a second, unless a child keeps it)."""
+        if self._saved < 0:
+            return
+        sys.stderr.flush()
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._saved = -1
+        self._reader.join(timeout=1.0)
+
+    def _pump(self, read: int, out: int) -> None:
+        pending = b""
+        while chunk := os.read(read, 65536):
+            *lines, pending = (pending + chunk).split(b"\n")
+            _write_all(out, b"".join(line + b"\n" for line in lines if not self.pattern.search(line)))
+        if not self.pattern.search(pending):
+            _write_all(out, pending)
+        os.close(read)
+        os.close(out)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    with contextlib.suppress(OSError):  # stderr gone: what it would have shown is lost either way
+        while data:
+            data = data[os.write(fd, data):]
 
 
 class TraceWindow(Instrument):
@@ -68,6 +129,7 @@ class TraceWindow(Instrument):
         self._ranges: dict[str, Any] = {}
         self._snapshotting = False
         self._done = False
+        self._quiet: StderrFilter | None = None
         self._summary: dict[str, Any] = {"trace_path": None, "trace_processing_s": 0.0, "ops_rows": 0}
 
     def is_active(self, step: int) -> bool:
@@ -88,6 +150,8 @@ class TraceWindow(Instrument):
         if cuda and self.memory_snapshot:
             torch.cuda.memory._record_memory_history(max_entries=self.snapshot_max_entries, stacks="python")
             self._snapshotting = True
+        os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)  # read when kineto starts, the first time
+        self._quiet = StderrFilter(UNKNOWN_BLOCK)
         self._prof.start()
 
     def on_step_start(self, step: int) -> None:
@@ -129,6 +193,12 @@ class TraceWindow(Instrument):
     def _keep(self, prof: profile) -> None:
         """on_trace_ready: only note that the window closed; processing waits for train end."""
         self._ready = True
+        self._unquiet()
+
+    def _unquiet(self) -> None:
+        if self._quiet is not None:
+            self._quiet.close()
+            self._quiet = None
 
     def _open(self, name: str) -> None:
         ctx = record_function(name)
@@ -157,6 +227,8 @@ class TraceWindow(Instrument):
         except Exception as exc:  # a failed export must not hide how training went
             log.warning("trace processing failed: %s", exc)
             self._summary["trace_error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._unquiet()
         self._summary["trace_processing_s"] = time.perf_counter() - t0
         if self._snapshotting:
             self._dump_snapshot()
