@@ -56,6 +56,8 @@ def check_record(path: Path, record: Any) -> dict[str, Any]:
         if value is not None and not _is(value, kind):
             raise StoreError(f"{path}: {key} is {value!r:.60} (a {type(value).__name__}); allowed: {said} or null")
     for key in RECORD_LISTS:
-        if any(not isinstance(item, dict) for item in record.get(key) or []):
-            raise StoreError(f"{path}: {key} holds something other than objects; allowed: a list of objects")
+        for item in record.get(key) or []:
+            if not isinstance(item, dict):
+                raise StoreError(f"{path}: {key} is {record[key]!r:.60}, holding a {type(item).__name__}; "
+                                 "allowed: a list of objects or null")
     return record
