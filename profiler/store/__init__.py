@@ -26,6 +26,7 @@ from profiler.store.checks import SCHEMA_VERSION, NewerSchema, check_record
 from profiler.store.files import StoreError, disk_error, utc_now, write_json_atomic
 from profiler.store.tables import (
     OPTIONAL_TABLES,
+    REQUIRED_COLUMNS,
     TABLES,
     RunWriter,
     _part_files,
@@ -124,7 +125,7 @@ def update_run(run_dir: Path, **fields: Any) -> dict[str, Any]:
 
 
 def file_problems(run_dir: Path, record: dict[str, Any]) -> list[str]:
-    """What is missing or unreadable among a run's tables (cheap: parquet footers only)."""
+    """What is missing, unreadable or not that table among a run's tables (cheap: parquet footers only)."""
     problems = []
     for table in TABLES:
         path = run_dir / f"{table}.parquet"
@@ -133,9 +134,13 @@ def file_problems(run_dir: Path, record: dict[str, Any]) -> list[str]:
                 problems.append(f"{path.name} is missing")
             continue
         try:
-            pq.read_metadata(path)
+            meta = pq.read_metadata(path)
         except (OSError, pa.ArrowException) as exc:
             problems.append(f"{path.name} is not readable parquet (truncated or damaged: {exc})")
+            continue
+        missing = [c for c in REQUIRED_COLUMNS[table] if c not in meta.schema.names]
+        if missing and meta.num_rows:
+            problems.append(f"{path.name} has no column {', '.join(missing)}: not a {table} table")
     return problems
 
 

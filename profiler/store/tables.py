@@ -166,10 +166,10 @@ def _read_parquet(path: Path, table: str) -> pd.DataFrame:
 def _merged(table: str, frames: list[pd.DataFrame]) -> pd.DataFrame:
     """The frames as one table, in the order they were written; a row written twice (a compaction stopped
     before it removed the parts it had folded in) is kept once, the later write."""
-    frames = [f for f in frames if not f.empty]
-    if len(frames) < 2:
-        return frames[0] if frames else pd.DataFrame()
-    df = pd.concat(frames, ignore_index=True)
+    rows = [f for f in frames if not f.empty]
+    if len(rows) < 2:  # nothing to merge (an empty table keeps its columns)
+        return rows[0] if rows else (frames[0] if frames else pd.DataFrame())
+    df = pd.concat(rows, ignore_index=True)
     if "attempt" in df:  # rows of a glmperf that did not number attempts: the first
         df["attempt"] = df["attempt"].fillna(1).astype("int64")
     keys = [k for k in ROW_KEYS.get(table, ()) if k in df.columns]
