@@ -64,9 +64,9 @@ def finalize(run_dir: Path, *, launcher_error: str | None = None,
 
     `launcher_error`: what the process that waited on the ranks saw go wrong. `trace`: an imported
     run's `summary.trace`, from the traces it was made of. Should reading the run fail, run.json still
-    gets the status and whatever was computed before the error, which is raised. Stopped before that
-    (Ctrl-C, a full disk: a StoreError naming the file), run.json is left as it was, `running`, and every
-    flushed row readable: finalizing again finishes the job.
+    gets the status and whatever was computed before the error, which is raised. Stopped by Ctrl-C at any
+    point, or by a full disk while compacting (a StoreError naming the file), run.json is left as it was,
+    `running`, with every flushed row readable: finalizing again finishes the job.
     """
     statuses = {s["rank"]: s for s in store.read_rank_statuses(run_dir)}
     events_skipped = store.compact(run_dir)
