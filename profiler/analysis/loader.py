@@ -8,6 +8,10 @@ so a damaged run is shown as `corrupt` with what is wrong, instead of as a healt
 
 The loaded run reads run.json through `RunRecord`'s accessors and computes the steps as the summary
 counts them once (`merged_steps`, `steady_steps`), for the summary, the comparison and the figures alike.
+
+A run directory started again (a requeue, a checkpoint resume) holds every attempt's rows; a step that
+more than one attempt measured is the latest attempt's in `steps` (what every analysis reads), and the
+attempts are described in `attempts`, as finalize stores them in run.json.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class RunData(RunRecord):
     record: dict[str, Any]
     """run.json, its status resolved (`incomplete` for a `running` run whose process is gone)."""
     steps: pd.DataFrame
+    """One row per step and rank: the latest attempt's where several measured it (all stay on disk)."""
     samples: pd.DataFrame
     ops: pd.DataFrame
     events: list[dict[str, Any]]
@@ -42,6 +47,10 @@ class RunData(RunRecord):
     """What is missing or unreadable; non-empty makes the status `corrupt`."""
     kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
     """GPU kernel aggregates (kernels.parquet: imported traces); empty where the run has none."""
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    """Each attempt's steps (`latest_attempts`); empty for a run whose rows carry no attempt (imported)."""
+    events_skipped: int = 0
+    """events.jsonl lines that could not be read (cut short, not UTF-8, not an object) and were passed by."""
 
     @property
     def status(self) -> str:
@@ -69,8 +78,11 @@ class RunData(RunRecord):
 
     @property
     def merge_notes(self) -> tuple[str, ...]:
-        """Steps left out of `merged_steps` for a rank's sake (recorded by fewer than all ranks)."""
-        return self._merged[1]
+        """Steps left out of `merged_steps` for a rank's sake (recorded by fewer than all ranks), and steps an
+        earlier attempt measured that a later one measured again."""
+        again = sum(a["superseded_steps"] for a in self.attempts)
+        return self._merged[1] + ((f"{again} step(s) measured again by a later attempt: the latest attempt's "
+                                   "rows are counted",) if again else ())
 
     @property
     def memory_source(self) -> str:
@@ -93,6 +105,26 @@ class RunData(RunRecord):
         return self._steady[1]
 
 
+def latest_attempts(steps: pd.DataFrame) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """The latest attempt's row of every (rank, step), and per attempt: `attempt`, `first_step`, `last_step`,
+    `steps` (distinct steps it measured) and `superseded_steps` (of those, the ones a later attempt measured
+    again)."""
+    if steps.empty or "attempt" not in steps:
+        return steps, []
+    latest = steps
+    if steps["attempt"].nunique() > 1:
+        latest = steps.sort_values(["step", "rank", "attempt"], kind="stable").drop_duplicates(
+            subset=["rank", "step"], keep="last").reset_index(drop=True)
+    kept = set(zip(latest["attempt"], latest["step"], strict=True))
+    attempts = []
+    for attempt, rows in steps.groupby("attempt"):
+        measured = set(rows["step"])
+        attempts.append({"attempt": int(attempt), "first_step": int(min(measured)), "last_step": int(max(measured)),
+                         "steps": len(measured),
+                         "superseded_steps": sum((attempt, s) not in kept for s in measured)})
+    return latest, attempts
+
+
 def load_run(run_dir: str | Path) -> RunData:
     """Read a run directory; raises `store.StoreError` (one clear line) when it holds no readable run."""
     run_dir = Path(run_dir)
@@ -112,6 +144,8 @@ def load_run(run_dir: str | Path) -> RunData:
     except store.StoreError as exc:
         kernels = pd.DataFrame()
         problems.append(str(exc))
-    return RunData(path=run_dir, record=record, steps=tables["steps"], samples=tables["samples"],
-                   ops=tables["ops"], events=store.read_events(run_dir), ranks=ranks, problems=problems,
-                   kernels=kernels)
+    steps, attempts = latest_attempts(tables["steps"])
+    events, skipped = store.read_events(run_dir)
+    return RunData(path=run_dir, record=record, steps=steps, samples=tables["samples"], ops=tables["ops"],
+                   events=events, ranks=ranks, problems=problems, kernels=kernels, attempts=attempts,
+                   events_skipped=skipped)

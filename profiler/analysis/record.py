@@ -16,6 +16,7 @@ from typing import Any
 
 from profiler import store
 from profiler.settings import ProfileConfig
+from profiler.store.checks import said
 
 PROFILE_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(ProfileConfig) if f.default is not MISSING}
 """The profile section's defaults, for a stored config without the key (an imported run's config is empty)."""
@@ -85,8 +86,13 @@ class RunRecord:
     def config(self) -> dict[str, Any]:
         return _dict(self.record.get("config"))
 
-    def _profile(self, key: str) -> Any:
-        return _dict(self.config.get("profile")).get(key, PROFILE_DEFAULTS[key])
+    def _profile(self, key: str) -> float:
+        """config.profile's number `key` (its default when absent); a StoreError naming it when it is no number."""
+        value = _dict(self.config.get("profile")).get(key, PROFILE_DEFAULTS[key])
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise store.StoreError(f"{self.path / 'run.json'}: config.profile.{key} is {said(value)}; "
+                                   "allowed: a number")
+        return value
 
     @property
     def warmup_steps(self) -> int:

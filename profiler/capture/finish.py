@@ -64,23 +64,31 @@ def finalize(run_dir: Path, *, launcher_error: str | None = None,
 
     `launcher_error`: what the process that waited on the ranks saw go wrong. `trace`: an imported
     run's `summary.trace`, from the traces it was made of. Should reading the run fail, run.json still
-    gets the status and whatever was computed before the error, which is raised.
+    gets the status and whatever was computed before the error, which is raised. Stopped by Ctrl-C at any
+    point, or by a full disk while compacting (a StoreError naming the file), run.json is left as it was,
+    `running`, with every flushed row readable: finalizing again finishes the job.
     """
     statuses = {s["rank"]: s for s in store.read_rank_statuses(run_dir)}
-    store.compact(run_dir)
+    events_skipped = store.compact(run_dir)
     run = load_run(run_dir)
     record = run.record
     status, error = ("completed", None) if run.source == "import" else \
         _outcome(run.world_size, statuses, launcher_error)  # an import's traces ran elsewhere: they ended
     record.update(status=status, error=error, ended=store.utc_now(), ranks=list(statuses.values()))
+    if run.attempts:
+        record["attempts"] = run.attempts
+    if events_skipped:
+        record["events_skipped"] = events_skipped
     run.ranks = record["ranks"]
     try:
         cfg = None if run.source == "import" else _rank_facts(run, statuses.get(0, {}))
         summary = summarize(run)
         record["summary"] = summary if trace is None else {**summary, "trace": trace}
         _readings(run, summary, cfg)
-    finally:
+    except Exception:
         store.write_json_atomic(run_dir / "run.json", record)
+        raise
+    store.write_json_atomic(run_dir / "run.json", record)
     return record
 
 

@@ -1,0 +1,52 @@
+"""Files written whole or not at all, and the store's one error.
+
+Every file the store writes goes through `atomic_write`: a temp file beside the target, renamed into
+place. A reader sees the old file or the new one, never part of one, and whatever stops the write (a
+full disk, Ctrl-C, any exception) removes the temp file before it goes on up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import secrets
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+
+class StoreError(ValueError):
+    """A run directory or runs directory that cannot be used; the message says what is wrong."""
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def disk_error(exc: OSError, doing: str, path: Path | str | None = None) -> StoreError:
+    """An OS error as one line: `no space left on device writing <path>`."""
+    why = exc.strerror or errno.errorcode.get(exc.errno or 0) or str(exc)
+    return StoreError(f"{why[:1].lower()}{why[1:]} {doing} {path or exc.filename or ''}".rstrip())
+
+
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(tmp)`, then rename tmp to `path`; on any failure the temp file is removed, and an OS error
+    (a full disk) becomes a StoreError naming `path`."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(exc, OSError):
+            raise disk_error(exc, "writing", path) from None
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    text = json.dumps(data, indent=2, default=str)
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
