@@ -229,7 +229,8 @@ class Run:
         store.check_runs_dir(self.runs_dir)
         self.dir = _shared_run_dir(self._create, self.rank, self.world_size, self.runs_dir, self.rank_wait_s)
         _opened += 1
-        self._record = RankRecord(self.dir, rank=self.rank, flush_interval_s=self.profile.flush_interval_s)
+        self._record = RankRecord(self.dir, rank=self.rank, flush_interval_s=self.profile.flush_interval_s,
+                                  world_size=self.world_size)
         compiled = isinstance(self.model, torch._dynamo.eval_frame.OptimizedModule)
         comm, comm_note = count_allreduces(self.model, self.device, self.world_size)
         self._hooks, sampling = instruments(self.profile, self._record.writer, device=self.device, rank=self.rank,

@@ -369,7 +369,7 @@ def test_ops_rows_aggregate_the_recorded_step(run: SimpleNamespace) -> None:
 
 def test_rows_reach_the_real_store(run: SimpleNamespace) -> None:
     steps = store.read_table(run.root, "steps")
-    assert list(steps["step"]) == list(range(STEPS)) and list(steps.columns) == list(STEP_COLUMNS)
+    assert list(steps["step"]) == list(range(STEPS)) and list(steps.columns) == [*STEP_COLUMNS, "attempt"]
     assert len(store.read_table(run.root, "samples")) == len(run.writer.samples)
     assert len(store.read_table(run.root, "ops")) == len(run.writer.ops)
 

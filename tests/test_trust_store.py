@@ -227,3 +227,10 @@ def test_a_steps_table_that_is_not_one_is_one_line(completed_run: Path, tmp_path
     for command in ("show", "diagnose", "finalize"):
         code, _, err = _glmperf(capsys, command, str(run_dir))
         assert code == 2 and "steps.parquet" in _one_line(err), err
+
+
+@pytest.mark.parametrize("ref", ["x" * 5000, "a\0b"], ids=["too-long", "nul-byte"])
+def test_a_run_reference_no_path_can_hold_is_no_such_run(ref: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _glmperf(capsys, "show", ref, "--runs-dir", str(tmp_path))
+    assert code == 2 and "no run " in _one_line(err)

@@ -123,7 +123,7 @@ if widgets.no_runs(runs_dir, runs):
     st.stop()
 verify_tab, sweeps_tab, tunes_tab = st.tabs(["Verify a run's recommendations", "Sweeps", "Tunes"])
 with verify_tab:
-    run_id = widgets.pick_run([r.id for r in runs if r.status != "corrupt"], label="Run", key="run")
+    run_id = widgets.pick_run([r.id for r in runs if r.status not in ("corrupt", "unreadable")], label="Run", key="run")
     if run_id is None:
         st.info("Every run here is corrupt: none has recommendations to show.")
     else:

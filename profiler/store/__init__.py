@@ -146,16 +146,22 @@ def file_problems(run_dir: Path, record: dict[str, Any]) -> list[str]:
 
 def resolve_run(ref: str | Path, runs_dir: Path) -> Path:
     """A run directory from what a user typed: a path, a run id in `runs_dir`, or a run name (latest)."""
-    path = Path(ref)
-    if path.is_dir():  # whether it holds a run is for the reader to say
-        return path
-    if (runs_dir / str(ref)).is_dir():
-        return runs_dir / str(ref)
+    for path in (Path(ref), runs_dir / str(ref)):
+        if _is_dir(path):  # whether it holds a run is for the reader to say
+            return path
     named = [r for r in list_runs(runs_dir) if r.get("name") == str(ref)]
     if named:
         return Path(named[0]["path"])
     raise StoreError(f"no run {str(ref)!r}: not a run directory, nor a run id or name in {runs_dir} "
                      "(`glmperf runs` lists them)")
+
+
+def _is_dir(path: Path) -> bool:
+    """Path.is_dir, with a name the system cannot look up (too long, a NUL byte) read as no directory."""
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def _pid_alive(pid: int) -> bool:
