@@ -234,3 +234,34 @@ def test_a_run_reference_no_path_can_hold_is_no_such_run(ref: str, tmp_path: Pat
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _glmperf(capsys, "show", ref, "--runs-dir", str(tmp_path))
     assert code == 2 and "no run " in _one_line(err)
+
+
+
+END_CUT_SHORT = """
+import errno, sys
+from profiler import store
+from profiler.cli.profile_run import main
+
+def compact(run_dir):
+    if sys.argv[1] == "ctrl-c":
+        raise KeyboardInterrupt
+    raise OSError(errno.ENOSPC, "No space left on device", str(run_dir / "steps.parquet"))
+
+store.compact = compact
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize(("fault", "code"), [("ctrl-c", 130), ("full-disk", 2)])
+def test_profile_runs_own_end_cut_short_is_one_line_and_finalize_finishes_it(
+        fault: str, code: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    proc = subprocess.run([sys.executable, "-c", END_CUT_SHORT, fault, "--preset", "tiny", "--steps", "4",
+                           "--no-trace", "--no-progress", "--runs-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == code, proc.stderr
+    line = _one_line(proc.stderr)
+    [run_dir] = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert "not finalized" in line and f"glmperf finalize {run_dir.name}" in line
+    assert len(store.read_table(run_dir, "steps")) == 4
+    assert _glmperf(capsys, "finalize", str(run_dir))[0] == 0
+    assert store.read_run(run_dir)["summary"]["steps_total"] == 4

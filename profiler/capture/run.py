@@ -81,6 +81,28 @@ def profile_run(cfg: RunConfig, *, runs_dir: Path | None = None, nproc: int = 1,
         if nproc > 1:  # rank 0 in this process recorded its own failure; this one is the launcher's
             launcher_error = f"{type(exc).__name__}: {exc}"
     finally:
-        finalize(run_dir, launcher_error=launcher_error)
+        _finish(run_dir, launcher_error)
     return run_dir
+
+
+class Unfinished(Exception):
+    """The run trained but its end did not complete (Ctrl-C, a full disk): every flushed row is on disk
+    and `glmperf finalize` finishes it."""
+
+    def __init__(self, run_dir: Path, why: str, *, interrupted: bool) -> None:
+        super().__init__(f"run {run_dir.name} was not finalized ({why}): its measured steps are kept; "
+                         f"glmperf finalize {run_dir.name} finishes it")
+        self.run_dir, self.interrupted = run_dir, interrupted
+
+
+def _finish(run_dir: Path, launcher_error: str | None) -> None:
+    try:
+        finalize(run_dir, launcher_error=launcher_error)
+    except KeyboardInterrupt:
+        raise Unfinished(run_dir, "interrupted while finishing", interrupted=True) from None
+    except store.StoreError as exc:
+        raise Unfinished(run_dir, str(exc), interrupted=False) from None
+    except OSError as exc:
+        raise Unfinished(run_dir, str(store.disk_error(exc, "finishing", exc.filename or run_dir)),
+                         interrupted=False) from None
 

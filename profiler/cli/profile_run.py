@@ -65,9 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     except common.BAD_INPUT as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return common.EXIT_BAD_INPUT
-    from profiler.capture.run import profile_run
+    from profiler.capture.run import Unfinished, profile_run
 
-    run_dir = profile_run(cfg, runs_dir=args.runs_dir, nproc=args.nproc, progress=not args.no_progress)
+    try:
+        run_dir = profile_run(cfg, runs_dir=args.runs_dir, nproc=args.nproc, progress=not args.no_progress)
+    except Unfinished as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return common.EXIT_INTERRUPTED if exc.interrupted else common.EXIT_BAD_INPUT
     record = store.read_run(run_dir)
     if args.nproc > 1 and record.get("error"):  # torchrun's own report is long: it stays in the log
         print(f"{PROG}: {record['error']} (torchrun's output: {run_dir / store.LAUNCHER_LOG})", file=sys.stderr)
