@@ -20,7 +20,7 @@ SHAPE_LIMITS: dict[str, int] = {
     "num_attention_heads": 1024, "num_key_value_heads": 1024, "head_dim": 2**12, "max_position_embeddings": 2**24,
 }
 """The largest value of each shape field: beyond every published model by a wide margin, and small enough that
-`glmperf plan` builds the model on the meta device in seconds and its byte counts stay exact."""
+`glmperf plan` can build the model on the meta device and trace it without its sizes leaving 64 bits."""
 
 
 @dataclass

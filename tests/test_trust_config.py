@@ -19,7 +19,7 @@ from optimizers.config import ConfigError
 from profiler.cli import main as glmperf
 from profiler.cli import profile_run
 from profiler.config import _SECTIONS, load_config
-from profiler.settings import CONFIGS_DIR, parse_override, shipped_presets
+from profiler.settings import CONFIGS_DIR, load_yaml_file, parse_override, shipped_presets
 
 
 def numeric_keys() -> Iterator[str]:
@@ -155,6 +155,19 @@ def test_a_bad_config_file_is_one_line(case: str, tmp_path: Path, capsys: pytest
     assert err.value.key == "--config" and message in str(err.value) and "\n" not in str(err.value)
     assert glmperf(["plan", "--config", str(path)]) == 2
     assert message in one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("case", [c for c in BAD_YAML if c != "a list"])
+def test_any_yaml_file_such_as_a_gate_file_is_refused_in_one_line_naming_its_option(case: str,
+                                                                                   tmp_path: Path) -> None:
+    text, message = BAD_YAML[case]
+    path = tmp_path / "gate.yaml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError) as err:
+        load_yaml_file(path, "--gate")
+    assert err.value.key == "--gate" and message in str(err.value) and "\n" not in str(err.value)
+    path.write_text("metrics: {step_time_p50: +5%}\n")
+    assert load_yaml_file(path, "--gate") == {"metrics": {"step_time_p50": "+5%"}}
 
 
 def test_a_config_that_never_ends_is_refused(tmp_path: Path) -> None:

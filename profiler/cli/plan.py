@@ -32,7 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 MAX_MEMORY_GB = 1_000_000
-"""The most memory one device may be said to hold (a thousand times today's largest)."""
+"""The most memory one device may be said to hold, in GB: thousands of times today's largest."""
 
 
 def capacity(args: argparse.Namespace, budget_gb: float) -> int | None:
