@@ -38,7 +38,7 @@ class ActivationCheckpointingConfig(Section):
 
     def __post_init__(self) -> None:
         self.check_choice("mode", ["off", "full", "selective"])
-        self.check_range("every", lo=1)
+        self.check_range("every", lo=1, hi=1024)
 
 
 def _checkpointed_call(inner: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

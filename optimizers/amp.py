@@ -35,8 +35,8 @@ class AmpConfig(Section):
 
     def __post_init__(self) -> None:
         self.check_choice("dtype", ["off", "bf16", "fp16"])
-        self.check_range("init_scale", lo=0, lo_open=True)
-        self.check_range("growth_interval", lo=1)
+        self.check_range("init_scale", lo=0, hi=2.0**64, lo_open=True)
+        self.check_range("growth_interval", lo=1, hi=10**9)
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -36,8 +36,8 @@ class CheckpointConfig(Section):
     """Continue from the newest good checkpoint in `dir`, exactly where it stopped."""
 
     def __post_init__(self) -> None:
-        self.check_range("every", lo=0)
-        self.check_range("keep", lo=1)
+        self.check_range("every", lo=0, hi=10**9)
+        self.check_range("keep", lo=1, hi=10**6)
 
 
 def apply_checkpointing(setup: TrainSetup, cfg: CheckpointConfig, ctx: SetupContext) -> None:

@@ -13,10 +13,15 @@ the catalog, so `reference_model` and `profiler` build their own sections with i
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+MAX_BATCH = 2**16
+"""The most samples a micro-batch may hold (train.batch_size, dynamic_batch's bounds): far past any device's
+memory at the smallest shapes, and small enough that a plan's shapes stay within 64-bit sizes."""
 
 
 class ConfigError(ValueError):
@@ -45,15 +50,37 @@ class Section:
     def check_range(self, name: str, *, lo: float | None = None, hi: float | None = None,
                     lo_open: bool = False, hi_open: bool = False) -> None:
         value = getattr(self, name)
-        if value is None:
-            return
-        bad = (lo is not None and (value <= lo if lo_open else value < lo)) or (
-            hi is not None and (value >= hi if hi_open else value > hi))
-        if bad:
-            left = "(" if lo_open else "["
-            right = ")" if hi_open else "]"
-            span = f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
-            raise ConfigError(self.key(name), f"got {value!r}; allowed: a number in {span}")
+        if value is not None:
+            check_number(self.key(name), value, lo=lo, hi=hi, lo_open=lo_open, hi_open=hi_open)
+
+
+def check_number(key: str, value: Any, *, lo: float | None = None, hi: float | None = None,
+                 lo_open: bool = False, hi_open: bool = False) -> None:
+    """Refuse anything but a finite number in [lo, hi] (open where asked).
+
+    NaN passes every comparison, and an infinity every missing bound, so both are refused by name: a
+    NaN learning rate or flush interval would otherwise reach the run and fail (or spin) there."""
+    number = (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, float) and math.isfinite(value))
+    bad = not number or (
+        lo is not None and (value <= lo if lo_open else value < lo)) or (
+        hi is not None and (value >= hi if hi_open else value > hi))
+    if not bad:
+        return
+    if lo is not None and hi is not None:
+        span = f" in {'(' if lo_open else '['}{_bound(lo)}, {_bound(hi)}{')' if hi_open else ']'}"
+    elif lo is not None:
+        span = f" {'>' if lo_open else '>='} {_bound(lo)}"
+    elif hi is not None:
+        span = f" {'<' if hi_open else '<='} {_bound(hi)}"
+    else:
+        span = ""
+    raise ConfigError(key, f"got {_short(value)}; allowed: a finite number{span}")
+
+
+def _bound(x: float) -> str:
+    """A bound as a user types it: integers whole (1000000000, not 1e+09), other numbers short."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
 def _primary_field(cls: type) -> str:
@@ -70,15 +97,20 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         inner = [a for a in args if a is not type(None)]
         return _coerce(key, value, inner[0])
     if origin in (list, tuple):
-        items = value.split(",") if isinstance(value, str) else list(value)
+        items = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) \
+            else [value]
         return [_coerce(key, v, args[0]) if args else v for v in items]
     try:
+        if isinstance(value, (Mapping, list, tuple, set)):  # a YAML collection where one value belongs
+            raise TypeError(value)
         if annotation is bool:
             if isinstance(value, str):
                 if value.lower() in ("true", "1", "yes", "on"):
                     return True
                 if value.lower() in ("false", "0", "no", "off"):
                     return False
+                raise ValueError(value)
+            if value not in (True, False):  # 0 and 1 are booleans too (YAML and --set); 2 is not
                 raise ValueError(value)
             return bool(value)
         if annotation in (int, float) and isinstance(value, bool):
@@ -93,9 +125,18 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
             if isinstance(value, bool):  # YAML 1.1 reads a bare `off` as False
                 return "on" if value else "off"
             return str(value)
-    except (TypeError, ValueError):
-        raise ConfigError(key, f"got {value!r}; expected {getattr(annotation, '__name__', annotation)}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(key, f"got {_short(value)}; expected {getattr(annotation, '__name__', annotation)}") from None
     return value
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """A value's repr cut to one short line, for an error message about a wrong type."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's 4300-digit limit for str()
+        text = f"an integer of {value.bit_length()} bits"
+    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 def build_section(cls: type, data: Any, key: str) -> Any:

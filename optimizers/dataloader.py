@@ -35,8 +35,8 @@ class DataLoaderConfig(Section):
     """Keep workers alive across epochs instead of re-forking them."""
 
     def __post_init__(self) -> None:
-        self.check_range("num_workers", lo=0)
-        self.check_range("prefetch_factor", lo=1)
+        self.check_range("num_workers", lo=0, hi=1024)
+        self.check_range("prefetch_factor", lo=1, hi=1024)
 
 
 def loader_options(cfg: DataLoaderConfig) -> dict[str, Any]:

@@ -43,8 +43,8 @@ class DdpConfig(Section):
 
     def __post_init__(self) -> None:
         self.check_choice("comm_hook", ["none", "fp16", "bf16", "powersgd"])
-        self.check_range("bucket_cap_mb", lo=0.0, lo_open=True)
-        self.check_range("powersgd_rank", lo=1)
+        self.check_range("bucket_cap_mb", lo=0.0, hi=2.0**20, lo_open=True)
+        self.check_range("powersgd_rank", lo=1, hi=2**16)
         self.check_choice("backend", ["auto", "gloo", "nccl"])
 
 TIMEOUT_ENV = "GLMPERF_DIST_TIMEOUT_S"

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from optimizers.base import Optimization, SetupContext, Switches, TrainSetup
-from optimizers.config import Section
+from optimizers.config import MAX_BATCH, Section
 from optimizers.facts import Candidate, Effect
 from optimizers.vocabulary import Bottleneck
 
@@ -49,11 +49,11 @@ class DynamicBatchConfig(Section):
 
     def __post_init__(self) -> None:
         self.check_choice("mode", ["off", "latency", "fit"])
-        self.check_range("target_latency_ms", lo=0.0, lo_open=True)
-        self.check_range("min_batch", lo=1)
-        self.check_range("max_batch", lo=self.min_batch)
-        self.check_range("shrink_step", lo=1)
-        self.check_range("grow_step", lo=1)
+        self.check_range("target_latency_ms", lo=0.0, hi=3_600_000.0, lo_open=True)
+        self.check_range("min_batch", lo=1, hi=MAX_BATCH)
+        self.check_range("max_batch", lo=self.min_batch, hi=MAX_BATCH)
+        self.check_range("shrink_step", lo=1, hi=MAX_BATCH)
+        self.check_range("grow_step", lo=1, hi=MAX_BATCH)
         self.check_range("fit_margin", lo=0.0, hi=1.0, hi_open=True)
 
 log = logging.getLogger("glmperf.optimizers")

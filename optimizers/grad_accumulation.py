@@ -29,7 +29,7 @@ class GradAccumulationConfig(Section):
     """Micro-batches per optimizer step (each of train.batch_size); 1 = no accumulation."""
 
     def __post_init__(self) -> None:
-        self.check_range("steps", lo=1)
+        self.check_range("steps", lo=1, hi=2**16)
 
 
 def apply_grad_accumulation(setup: TrainSetup, cfg: GradAccumulationConfig, ctx: SetupContext) -> None:

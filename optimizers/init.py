@@ -39,7 +39,7 @@ class InitConfig(Section):
 
     def __post_init__(self) -> None:
         self.check_choice("scheme", ["normal", "xavier", "he"])
-        self.check_range("std", lo=0.0, lo_open=True)
+        self.check_range("std", lo=0.0, hi=1.0, lo_open=True)
 
 
 def _norm_weight(module: nn.Module) -> nn.Parameter | None:

@@ -38,10 +38,10 @@ class OptimizerConfig(Section):
     def __post_init__(self) -> None:
         self.check_choice("name", ["adamw", "sgd", "rmsprop", "adagrad"])
         self.check_choice("impl", ["auto", "forloop", "foreach", "fused"])
-        self.check_range("weight_decay", lo=0.0)
+        self.check_range("weight_decay", lo=0.0, hi=10.0)
         self.check_range("beta1", lo=0.0, hi=1.0, hi_open=True)
         self.check_range("beta2", lo=0.0, hi=1.0, hi_open=True)
-        self.check_range("eps", lo=0.0, lo_open=True)
+        self.check_range("eps", lo=0.0, hi=1.0, lo_open=True)
         self.check_range("momentum", lo=0.0, hi=1.0, hi_open=True)
 
 
@@ -61,11 +61,11 @@ class LrScheduleConfig(Section):
 
     def __post_init__(self) -> None:
         self.check_choice("name", ["constant", "cosine", "step", "plateau"])
-        self.check_range("warmup_steps", lo=0)
+        self.check_range("warmup_steps", lo=0, hi=10**9)
         self.check_range("min_lr_ratio", lo=0.0, hi=1.0)
-        self.check_range("step_size", lo=1)
+        self.check_range("step_size", lo=1, hi=10**9)
         self.check_range("gamma", lo=0.0, hi=1.0, lo_open=True)
-        self.check_range("plateau_patience", lo=1)
+        self.check_range("plateau_patience", lo=1, hi=10**9)
         self.check_range("plateau_factor", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
 
 _CLASSES: dict[str, type[torch.optim.Optimizer]] = {

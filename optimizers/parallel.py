@@ -29,6 +29,9 @@ from optimizers.vocabulary import Bottleneck, Capability
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 MESH_DIMS = ("pp", "dp", "fsdp", "tp")
 
+MAX_RANKS = 2**17
+"""The most ranks a run or a plan may have (and so any one degree): beyond the largest clusters built."""
+
 
 @dataclass
 class ParallelConfig(Section):
@@ -53,9 +56,10 @@ class ParallelConfig(Section):
     """interleaved_1f1b: model chunks per pipeline rank."""
 
     def __post_init__(self) -> None:
-        for name in ("fsdp", "tp", "pp", "virtual_stages"):
-            self.check_range(name, lo=1)
-        self.check_range("microbatches", lo=0)
+        for name in ("fsdp", "tp", "pp"):
+            self.check_range(name, lo=1, hi=MAX_RANKS)
+        self.check_range("virtual_stages", lo=1, hi=1024)
+        self.check_range("microbatches", lo=0, hi=2**16)
         self.check_choice("schedule", SCHEDULES)
 
     @property

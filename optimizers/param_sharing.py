@@ -48,7 +48,7 @@ class ParamSharingConfig(Section):
 
     def __post_init__(self) -> None:
         self.check_choice("mode", ["off", "all", "groups"])
-        self.check_range("group_size", lo=1)
+        self.check_range("group_size", lo=1, hi=1024)
 
 
 def owners(num_layers: int, mode: str, group_size: int) -> list[int]:

@@ -40,11 +40,11 @@ class StabilityConfig(Section):
     """A plateau event fires when the loss improved less than this over the window."""
 
     def __post_init__(self) -> None:
-        self.check_range("clip_grad_norm", lo=0.0)
+        self.check_range("clip_grad_norm", lo=0.0, hi=1e6)
         self.check_choice("nan_guard", ["off", "skip", "stop"])
-        self.check_range("spike_factor", lo=1.0, lo_open=True)
-        self.check_range("window", lo=2)
-        self.check_range("plateau_min_delta", lo=0.0)
+        self.check_range("spike_factor", lo=1.0, hi=1e6, lo_open=True)
+        self.check_range("window", lo=2, hi=10**6)
+        self.check_range("plateau_min_delta", lo=0.0, hi=1e6)
 
 
 class LossWatch:

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from optimizers import SwitchesConfig, check_all
-from optimizers.config import ConfigError, build_section, section_to_dict
+from optimizers.config import ConfigError, build_section, check_number, section_to_dict
+from optimizers.parallel import MAX_RANKS
 from profiler.metrics import flatten, lookup
 from profiler.settings import CONFIGS_DIR, ProfileConfig, parse_override, read_yaml, shipped_presets
 from reference_model.config import PRESETS, DataConfig, GLMConfig, TrainConfig, resolve_model_section
@@ -127,13 +128,7 @@ def load_config(*, config: Path | None = None, preset: str | None = None,
     if base is not None:
         merge_into(data, base)
     if preset is not None:
-        path = CONFIGS_DIR / f"{preset}.yaml"
-        if path.exists():
-            merge_into(data, read_yaml(path))
-        elif preset in PRESETS:
-            _set_path(data, "model.preset", preset)
-        else:
-            raise ConfigError("--preset", f"got {preset!r}; allowed: {', '.join(shipped_presets())}")
+        merge_into(data, preset_data(preset))
     if config is not None:
         merge_into(data, read_yaml(Path(config)))
     for text in overrides:
@@ -144,10 +139,23 @@ def load_config(*, config: Path | None = None, preset: str | None = None,
     return cfg
 
 
+def preset_data(preset: str) -> dict[str, Any]:
+    """A preset's settings: its shipped file (configs/<name>.yaml), else a bare model preset.
+
+    A preset is a name, never a path: only the names listed are looked up, so `--preset ../../x` reads
+    nothing (`--config FILE` is how to read any file)."""
+    shipped = shipped_presets()
+    if preset in shipped:
+        return read_yaml(CONFIGS_DIR / f"{preset}.yaml", "--preset")
+    if preset in PRESETS:
+        return {"model": {"preset": preset}}
+    allowed = sorted({*shipped, *PRESETS})
+    raise ConfigError("--preset", f"got {preset!r}; allowed: one of {', '.join(allowed)} (or --config FILE)")
+
+
 def validate(cfg: RunConfig, *, nproc: int = 1) -> None:
     """Checks that span sections: the corpus exists, the switches can run here."""
-    if nproc < 1:
-        raise ConfigError("--nproc", f"got {nproc}; allowed: an integer >= 1")
+    check_number("--nproc", nproc, lo=1, hi=MAX_RANKS)
     resolve_corpus(cfg.data.corpus)
     try:
         device = resolve_device(cfg.train.device)

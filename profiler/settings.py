@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import yaml
 
@@ -52,15 +52,15 @@ class ProfileConfig(Section):
     """False runs the trainer bare (the overhead benchmark's control)."""
 
     def __post_init__(self) -> None:
-        if len(self.trace_window) != 3 or any(int(v) < 0 for v in self.trace_window) \
-                or int(self.trace_window[2]) < 1:
-            raise ConfigError(self.key("trace_window"), f"got {self.trace_window!r}; allowed: three "
-                              "integers wait,warmup,active with active >= 1")
-        self.trace_window = [int(v) for v in self.trace_window]
+        window = self.trace_window
+        if len(window) != 3 or not all(isinstance(v, int) and 0 <= v <= 10_000 for v in window) or window[2] < 1:
+            raise ConfigError(self.key("trace_window"), f"got {window!r}; allowed: three "
+                              "integers wait,warmup,active in [0, 10000] with active >= 1")
+        self.trace_window = list(window)
         self.check_range("sample_hz", lo=0.0, hi=1000.0)
-        self.check_range("memory_budget_gb", lo=0.0)
-        self.check_range("warmup_steps", lo=0)
-        self.check_range("flush_interval_s", lo=0.05)
+        self.check_range("memory_budget_gb", lo=0.0, hi=2.0**20)
+        self.check_range("warmup_steps", lo=0, hi=10**9)
+        self.check_range("flush_interval_s", lo=0.05, hi=3600.0)
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -69,8 +69,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(text, "expected section.key=value (e.g. switches.amp=bf16)")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = parse_yaml(raw) if raw.strip() else ""
+    except YamlRefused:
         value = raw
     return key.strip(), value
 
@@ -90,15 +90,108 @@ def settings_text(settings: Mapping[str, Any]) -> str:
     return " ".join(override_texts(settings))
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
+MAX_DEPTH = 64
+"""Deepest nesting a YAML config or gate file may have (a config is four levels deep); the parser recurses
+once per level, so 20,000 levels would end in a RecursionError."""
+
+MAX_VALUES = 100_000
+"""Most values a YAML document may expand to: aliases repeat a node without copying it, and nine levels of
+ten aliases (the "billion laughs") expand to 10**9 values when read."""
+
+MAX_FILE_BYTES = 2**20
+"""Largest YAML file read (a config is a few hundred bytes; /dev/zero never ends)."""
+
+
+class YamlRefused(ValueError):
+    """YAML that cannot be used: malformed, recursive, too deep or too large; the message is one line."""
+
+
+class _GuardedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses an alias inside its own anchor (a cycle) and nesting past MAX_DEPTH while
+    composing, before either can recurse without end."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.composing: list[str] = []
+        """The anchor of each node being composed, outermost first ('' for a node without one)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        mark = cast(yaml.Mark, event.start_mark)
+        if isinstance(event, yaml.AliasEvent) and event.anchor in self.composing:
+            raise yaml.composer.ComposerError(None, None, f"alias *{event.anchor} inside the node it names (a cycle)",
+                                              mark)
+        if len(self.composing) >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels", mark)
+        self.composing.append(getattr(event, "anchor", None) or "")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.composing.pop()
+
+
+def _one_line(exc: yaml.YAMLError) -> str:
+    """PyYAML's problem and where it is, on one line: `expected ',' or ']' at line 3, column 8`."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"{exc.problem or exc.context}{where}"
+    return " ".join(str(exc).split())
+
+
+def _count_values(data: Any) -> None:
+    """Refuse a document whose aliases expand it past MAX_VALUES (walked without recursion)."""
+    stack, seen = [data], 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise YamlRefused(f"expands to more than {MAX_VALUES} values (aliases repeated); allowed: fewer")
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple, set)):
+            stack.extend(node)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text as plain data; YamlRefused (one line) for anything malformed, cyclic, too deep or too large."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from None
+        data = yaml.load(text, Loader=_GuardedLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
-        raise ConfigError("--config", f"{path} is not valid YAML: {exc}") from None
+        raise YamlRefused(_one_line(exc)) from None
+    except (ValueError, OverflowError) as exc:  # a scalar its resolver accepts but Python cannot build: 2020-13-45
+        raise YamlRefused(" ".join(str(exc).split())) from None
+    _count_values(data)
+    return data
+
+
+def load_yaml_file(path: Path, key: str) -> Any:
+    """A YAML file (a config, a gate file) as plain data, or ConfigError naming `key` in one line: a file
+    that cannot be read, is not UTF-8, or is not YAML we accept (parse_yaml)."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(key, f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(key, f"{path} is larger than {MAX_FILE_BYTES} bytes; allowed: a YAML file up to that")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(key, f"{path} is not UTF-8 text: byte 0x{raw[exc.start]:02x} on line {line}; "
+                          "allowed: a UTF-8 YAML file") from None
+    try:
+        return parse_yaml(text)
+    except YamlRefused as exc:
+        raise ConfigError(key, f"{path} is not valid YAML: {exc}") from None
+
+
+def read_yaml(path: Path, key: str = "--config") -> dict[str, Any]:
+    """A config file's sections (a YAML mapping), refused in one line naming `key` when it is anything else."""
+    data = load_yaml_file(path, key) or {}
     if not isinstance(data, dict):
-        raise ConfigError("--config", f"{path} must hold a mapping of sections")
+        raise ConfigError(key, f"{path} must hold a mapping of sections; got a {type(data).__name__}")
     return data
 
 

@@ -6,13 +6,21 @@ so a GLM checkpoint's config maps onto it directly; only the defaults of the pre
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from optimizers.config import ConfigError, Section
+from optimizers.config import MAX_BATCH, ConfigError, Section, build_section
 
 BYTE_VOCAB = 256
 """The byte-level tokenizer's ordinary tokens; GLM's special tokens follow (reference_model.data)."""
+
+
+SHAPE_LIMITS: dict[str, int] = {
+    "vocab_size": 2**22, "hidden_size": 2**17, "intermediate_size": 2**19, "num_hidden_layers": 1024,
+    "num_attention_heads": 1024, "num_key_value_heads": 1024, "head_dim": 2**12, "max_position_embeddings": 2**24,
+}
+"""The largest value of each shape field: beyond every published model by a wide margin, and small enough that
+`glmperf plan` can build the model on the meta device and trace it without its sizes leaving 64 bits."""
 
 
 @dataclass
@@ -42,12 +50,12 @@ class GLMConfig(Section):
 
     def __post_init__(self) -> None:
         self.check_choice("preset", PRESETS)
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim"):
-            self.check_range(name, lo=1)
+        for name, most in SHAPE_LIMITS.items():
+            self.check_range(name, lo=1, hi=most)
         self.check_range("partial_rotary_factor", lo=0.0, hi=1.0)
-        self.check_range("rope_theta", lo=0.0, lo_open=True)
-        self.check_range("rms_norm_eps", lo=0.0, lo_open=True)
+        self.check_range("rope_theta", lo=0.0, hi=1e10, lo_open=True)
+        self.check_range("rms_norm_eps", lo=0.0, hi=1.0, lo_open=True)
+        self.check_range("initializer_range", lo=0.0, hi=1.0)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(self.key("num_key_value_heads"),
                               f"{self.num_key_value_heads} does not divide num_attention_heads="
@@ -87,13 +95,10 @@ _SHAPE_FIELDS = {k for preset in PRESETS.values() for k in preset}
 
 def model_config(preset: str = "tiny", **overrides: Any) -> GLMConfig:
     """A preset's config with single fields overridden (`model_config('small', num_hidden_layers=2)`)."""
-    if preset not in PRESETS:
+    if not isinstance(preset, str) or preset not in PRESETS:
         raise ConfigError("model.preset", f"got {preset!r}; allowed: {', '.join(PRESETS)}")
-    known = {f.name for f in fields(GLMConfig)} - {"preset"}
-    for name in overrides:
-        if name not in known:
-            raise ConfigError(f"model.{name}", f"unknown key; allowed: preset, {', '.join(sorted(known))}")
-    return GLMConfig(preset=preset, **{**PRESETS[preset], **overrides})
+    config: GLMConfig = build_section(GLMConfig, {"preset": preset, **PRESETS[preset], **overrides}, "model")
+    return config
 
 
 def resolve_model_section(data: dict[str, Any] | None) -> GLMConfig:
@@ -128,12 +133,12 @@ class DataConfig(Section):
             self.corpus = [self.corpus]
         if not self.corpus:
             raise ConfigError(self.key("corpus"), "empty; allowed: stdlib, synthetic, or text file paths/globs")
-        self.check_range("seq_len", lo=8)
+        self.check_range("seq_len", lo=8, hi=2**20)
         self.check_choice("objective", ["causal", "blank_infilling"])
-        self.check_range("io_delay_ms", lo=0.0)
-        self.check_range("max_corpus_mb", lo=0.0, lo_open=True)
+        self.check_range("io_delay_ms", lo=0.0, hi=60_000.0)
+        self.check_range("max_corpus_mb", lo=0.0, hi=2.0**20, lo_open=True)
         self.check_range("mask_ratio", lo=0.0, hi=0.5, lo_open=True)
-        self.check_range("mean_span", lo=0.0, lo_open=True)
+        self.check_range("mean_span", lo=0.0, hi=float(self.seq_len), lo_open=True)
 
 
 @dataclass
@@ -151,9 +156,10 @@ class TrainConfig(Section):
     log_every: int = 10
 
     def __post_init__(self) -> None:
-        self.check_range("batch_size", lo=1)
-        self.check_range("steps", lo=1)
-        self.check_range("lr", lo=0.0, lo_open=True)
-        self.check_range("log_every", lo=1)
+        self.check_range("batch_size", lo=1, hi=MAX_BATCH)
+        self.check_range("steps", lo=1, hi=10**9)
+        self.check_range("lr", lo=0.0, hi=100.0, lo_open=True)
+        self.check_range("seed", lo=0, hi=2**63 - 1)
+        self.check_range("log_every", lo=1, hi=10**9)
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(self.key("device"), f"got {self.device!r}; allowed: auto, cpu, cuda, cuda:N")

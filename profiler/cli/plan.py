@@ -12,6 +12,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from optimizers.config import check_number
 from profiler.advice.gpus import GPUS_GB
 from profiler.cli import common
 
@@ -30,11 +31,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     common.add_json(p, "print the plan as JSON")
 
 
+MAX_MEMORY_GB = 1_000_000
+"""The most memory one device may be said to hold, in GB: thousands of times today's largest."""
+
+
 def capacity(args: argparse.Namespace, budget_gb: float) -> int | None:
     """Bytes one device holds: --memory-gb, --gpu, else the config's profile.memory_budget_gb (GiB)."""
     if args.memory_gb is not None:
-        if args.memory_gb <= 0:
-            raise common.BadInput(f"--memory-gb: got {args.memory_gb}; allowed: a number > 0")
+        check_number("--memory-gb", args.memory_gb, lo=0.0, hi=MAX_MEMORY_GB, lo_open=True)
         return int(args.memory_gb * 1e9)
     if args.gpu:
         return int(GPUS_GB[args.gpu] * 1e9)
@@ -76,9 +80,11 @@ def render(p: Plan) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    from optimizers.parallel import MAX_RANKS
     from profiler.advice.plan import plan
     from profiler.config import load_config
 
+    check_number("--nproc", args.nproc, lo=1, hi=MAX_RANKS)
     cfg = load_config(config=args.config, preset=args.preset, overrides=args.overrides, nproc=args.nproc,
                       check_here=False)
     result = plan(cfg, args.nproc, capacity_bytes=capacity(args, cfg.profile.memory_budget_gb))
