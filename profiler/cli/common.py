@@ -9,10 +9,12 @@ own domain (a gate file, a grid, a trace) become BadInput at the command's edge 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+import math
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from optimizers.config import ConfigError
 from profiler import store
@@ -92,7 +94,53 @@ def load_run(run_dir: Path) -> RunData:
     return run
 
 
-def at_least_one(name: str, value: int | None) -> None:
-    """Refuse a count option below 1 before any work starts."""
-    if value is not None and value < 1:
-        raise BadInput(f"{name}: got {value}; allowed: an integer >= 1")
+def check_steps(option: str, steps: int, profile: Mapping[str, Any]) -> None:
+    """Refuse, before any run, steps too few for compare to judge a verification's runs: a run's
+    `profile.warmup_steps` and its torch.profiler window (the first repeat is traced) are not counted,
+    and a comparison needs `min_steps` steady steps beyond them."""
+    from profiler.compare.stats import Options
+
+    wait, warm, active = profile["trace_window"]
+    left_out = set(range(profile["warmup_steps"])) | (set(range(wait, wait + warm + active)) if profile["trace"]
+                                                      else set())
+    least = len(left_out) + Options().min_steps
+    if steps < least:
+        raise BadInput(f"{option}: got {steps}; allowed: at least {least} (the {len(left_out)} warmup and "
+                       f"torch.profiler steps are not counted, and a comparison needs {Options().min_steps} more)")
+
+
+def print_json(data: Any) -> None:
+    """Print what a command's --json prints: strict JSON (NaN and infinities as null), for any parser."""
+    from profiler.compare.formats import json_text
+
+    sys.stdout.write(json_text(data) + "\n")
+
+
+def _number(kind: type, allowed: str, ok: Callable[[Any], bool]) -> Callable[[str], Any]:
+    """An argparse type: a finite number of `kind` for which `ok` holds. Anything else (NaN, inf, a word,
+    out of range) is refused before any work, in glmperf's one line: `--opt: got X; allowed: ...`."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or not ok(value):
+            raise argparse.ArgumentTypeError(f"got {text}; allowed: {allowed}")
+        return value
+
+    return parse
+
+
+finite_float = _number(float, "a finite number", lambda v: True)
+positive_float = _number(float, "a finite number > 0", lambda v: v > 0)
+non_negative_float = _number(float, "a finite number >= 0", lambda v: v >= 0)
+positive_int = _number(int, "an integer > 0", lambda v: v > 0)
+"""argparse types of the numbers commands take."""
+
+
+class Parser(argparse.ArgumentParser):
+    """glmperf's parser: a bad argument is BadInput, so it ends as every bad input does (one line, exit 2)
+    rather than argparse's usage block and SystemExit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise BadInput(message.removeprefix("argument "))

@@ -7,7 +7,8 @@
 A run is a run directory, a run id or a run name in --runs-dir; a directory of runs stands for all
 of them (the repeats of one side). Exit 0: no gated metric regressed (unchanged, improved or
 inconclusive); 1: a gated metric regressed, or a gated loss curve drifted; 2: bad input (a missing,
-corrupt or unfinished run, an unknown metric, a malformed gate file), in one line.
+corrupt or unfinished run, a run on both sides, runs of different models or shapes without
+--allow-different-models, an unknown metric, a malformed gate file), in one line.
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
     p.add_argument("--output", type=Path, metavar="FILE", help="write the --format output to FILE (the text "
                    "report still goes to stdout)")
-    p.add_argument("--run-noise", type=float, metavar="FRACTION", help="run-to-run noise floor of the timing "
-                   "metrics with fewer than 3 runs a side (default 0.10)")
-    p.add_argument("--confidence", type=float, help="of the intervals (default 0.99)")
+    p.add_argument("--run-noise", type=common.non_negative_float, metavar="FRACTION", help="run-to-run noise "
+                   "floor of the timing metrics with fewer than 3 runs a side (default 0.10)")
+    p.add_argument("--confidence", type=common.finite_float, help="of the intervals (default 0.99)")
+    p.add_argument("--allow-different-models", action="store_true", help="compare runs that train different "
+                   "models or shapes (model, data.seq_len): refused otherwise, their figures compare workloads")
     common.add_runs_dir(p)
 
 
@@ -83,8 +86,16 @@ def _gate(args: argparse.Namespace) -> Gate:
             raise common.BadInput(f"gate file {args.gate}: {exc.strerror or exc}") from None
         except yaml.YAMLError as exc:
             raise common.BadInput(f"gate file {args.gate} is not valid YAML: {' '.join(str(exc).split())}") from None
-    return make_gate(data, source=f"gate file {args.gate}", metrics=args.metric, run_noise=args.run_noise,
-                     confidence=args.confidence)
+    source = "the command line" if args.gate is None else f"gate file {args.gate}"
+    return make_gate(data, source=source, metrics=args.metric, run_noise=args.run_noise, confidence=args.confidence)
+
+
+def check_sides(base: list[RunData], cand: list[RunData]) -> None:
+    """Refuse a run on both sides: compared with itself it can only look unchanged, which says nothing."""
+    both = sorted({r.id for r in base} & {r.id for r in cand})
+    if both:
+        raise common.BadInput(f"comparing a run with itself: run {', '.join(both)} is on both sides; allowed: "
+                              "different runs on each side (repeats of one config are separate runs)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -96,7 +107,12 @@ def main(args: argparse.Namespace) -> int:
         gate = _gate(args)
         runs_dir = common.runs_dir(args)
         base_runs, cand_runs = load_side(base_refs, runs_dir), load_side(cand_refs, runs_dir)
+        check_sides(base_runs, cand_runs)
         result = compare(base_runs, cand_runs, gate)
+    if result.different_models and not args.allow_different_models:
+        raise common.BadInput(f"not comparable: the runs train different models or shapes: "
+                              f"{result.different_models}; allowed: runs of one model and shape, or "
+                              "--allow-different-models to compare the workloads")
     rendered = RENDER[args.format](result)
     if all(r.source == "import" for r in (*base_runs, *cand_runs)):  # traces: HTA's trace diff too
         rendered = with_trace_diff(rendered, args.format, trace_diff(base_runs, cand_runs))

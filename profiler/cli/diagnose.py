@@ -6,7 +6,6 @@ diagnosis alone needs no torch, unlike the recommendations (`glmperf recommend`)
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,7 +44,7 @@ def main(args: argparse.Namespace) -> int:
     diagnosis = {"verdict": found["verdict"], "bottlenecks": found["bottlenecks"], "skipped": found["skipped"],
                  "figures": stored(figures)}
     if args.json:
-        print(json.dumps(diagnosis, indent=2, default=str))
+        common.print_json(diagnosis)
     else:
         console.print_diagnosis(run.id, diagnosis, sys.stdout)
     return common.EXIT_OK

@@ -7,7 +7,6 @@ Exit codes: 0 imported (some rank files may have failed: each is named on stderr
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import IO, Any
@@ -42,8 +41,8 @@ def main(args: argparse.Namespace) -> int:
     run = load_run(imported.run_dir)
     summary, diagnosis = run.stored_summary or {}, run.diagnosis
     if args.json:
-        print(json.dumps({"id": run.id, "path": str(run.path), "source": run.source, "failed": imported.failed,
-                          "summary": summary, "diagnosis": diagnosis}, indent=2, default=str))
+        common.print_json({"id": run.id, "path": str(run.path), "source": run.source, "failed": imported.failed,
+                           "summary": summary, "diagnosis": diagnosis})
         return common.EXIT_OK
     print(f"imported {len(imported.ranks)} rank(s) from {args.trace_dir} as run {run.id}")
     console.print_summary(run.record, summary, run.status, run.path, sys.stdout)

@@ -15,6 +15,7 @@ Importing a command module costs no torch: the commands that train or plan impor
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from profiler import plugins
@@ -51,19 +52,30 @@ def commands() -> dict[str, plugins.Command]:
 
 
 def parser(table: dict[str, plugins.Command]) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="glmperf", description="glmperf: look at, diagnose and finish stored runs")
+    p = common.Parser(prog="glmperf", description="glmperf: look at, diagnose and finish stored runs")
     sub = p.add_subparsers(dest="command", required=True)
     for module in table.values():
         module.add_parser(sub)
     return p
 
 
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE: what a shell reports for a command whose reader went away (`glmperf show X | head`)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """The glmperf command; returns its exit code."""
     table = commands()
-    args = parser(table).parse_args(argv)
     try:
-        return table[args.command].main(args)
+        args = parser(table).parse_args(argv)
+        code = table[args.command].main(args)
+        sys.stdout.flush()  # here, where a reader gone away is caught, not at the interpreter's exit
+        return code
     except common.BAD_INPUT as exc:
         print(f"glmperf: error: {exc}", file=sys.stderr)
         return common.EXIT_BAD_INPUT
+    except BrokenPipeError:
+        # the reader of stdout is gone: nothing more can be said to it, and Python's flush of stdout at
+        # exit would fail again, so stdout becomes /dev/null (the recipe of Python's signal docs)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE

@@ -5,7 +5,6 @@ measured gain (exit 130 when interrupted, the verified part kept in the run's re
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import TYPE_CHECKING
 
@@ -21,35 +20,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("recommend", help="the switch changes that address a run's bottlenecks, ranked by "
                               "expected gain")
     common.add_run(p)
-    p.add_argument("--top", type=int, help="only the K best recommendations")
+    p.add_argument("--top", type=common.positive_int, help="only the K best recommendations")
     p.add_argument("--allow-model-changes", action="store_true",
                    help="also list changes that alter the model (pruning, sharing, linear attention)")
     p.add_argument("--verify", action="store_true", help="rerun the run's config and the top recommendations "
                    "(--top, default 3) interleaved, and judge each by its measured gain")
-    p.add_argument("--repeats", type=int, default=3, help="with --verify: runs of each side (default 3)")
-    p.add_argument("--steps", type=int, help="with --verify: steps of each run (default: the run's own)")
+    p.add_argument("--repeats", type=common.positive_int, default=3,
+                   help="with --verify: runs of each side (default 3)")
+    p.add_argument("--steps", type=common.positive_int,
+                   help="with --verify: steps of each run (default: the run's own)")
     p.add_argument("--no-progress", action="store_true", help="with --verify: no progress output")
 
 
-def _verify_options(args: argparse.Namespace, run: RunData) -> tuple[int, int]:
-    """--repeats and --steps, checked before any run starts."""
-    from profiler.compare.stats import Options
-
+def _verify_steps(args: argparse.Namespace, run: RunData) -> int:
+    """--steps (else the run's own), checked before any run starts."""
     steps = args.steps if args.steps is not None else int(run.config["train"]["steps"])
-    warmup = int(run.config["profile"]["warmup_steps"])
-    least = warmup + Options().min_steps
-    common.at_least_one("--repeats", args.repeats)
-    if steps < least:
-        raise common.BadInput(f"--steps: got {steps}; allowed: at least {least} (the run's {warmup} warmup steps "
-                              f"and the {Options().min_steps} steady steps a comparison needs)")
-    return args.repeats, steps
+    common.check_steps("--steps", steps, run.config["profile"])
+    return steps
 
 
 def main(args: argparse.Namespace) -> int:
     from profiler.advice.recommend import advise
     from profiler.cli import console
 
-    common.at_least_one("--top", args.top)
     run = diagnosable(common.run_path(args))
     advice = advise(run, allow_model_changes=args.allow_model_changes, top=args.top)
     verification = run.verification
@@ -57,13 +50,13 @@ def main(args: argparse.Namespace) -> int:
         from profiler.experiments.batch import BatchInterrupted
         from profiler.experiments.verify import run_verification
 
-        repeats, steps = _verify_options(args, run)
+        steps = _verify_steps(args, run)
         if not args.json:
             console.print_diagnosis(run.id, advice, sys.stdout, evidence=False)
             console.print_recommendations(run.id, {**advice, "recommendations": advice["recommendations"][:args.top]},
                                           sys.stdout)
         try:
-            verification = run_verification(run, advice, top=args.top or 3, repeats=repeats, steps=steps,
+            verification = run_verification(run, advice, top=args.top or 3, repeats=args.repeats, steps=steps,
                                             runs_dir=common.runs_dir(args), progress=not args.no_progress)
         except BatchInterrupted:
             verification = store.read_run(run.path)["diagnosis"]["verification"]
@@ -71,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
             return common.EXIT_INTERRUPTED
     if args.json:
         keys = ("verdict", "bottlenecks", "recommendations", "excluded")
-        print(json.dumps({**{k: advice[k] for k in keys}, "verification": verification}, indent=2, default=str))
+        common.print_json({**{k: advice[k] for k in keys}, "verification": verification})
         return common.EXIT_OK
     if not args.verify:
         console.print_diagnosis(run.id, advice, sys.stdout, evidence=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from profiler import store
@@ -25,7 +24,7 @@ def main(args: argparse.Namespace) -> int:
                               "--runs-dir or $GLMPERF_RUNS)")
     runs = store.list_runs(runs_dir)
     if args.json:
-        print(json.dumps(runs, indent=2, default=str))
+        common.print_json(runs)
     elif not runs:
         print(f"no runs in {runs_dir}")
     else:

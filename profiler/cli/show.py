@@ -4,7 +4,6 @@ the top of its diagnosis. profile-run and finalize print the same."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -23,8 +22,8 @@ def show(run_dir: Path, *, as_json: bool) -> str:
     run = common.load_run(run_dir)
     summary = summary_of(run)
     if as_json:
-        print(json.dumps({"id": run.id, "path": str(run.path), "status": run.status, "error": run.error,
-                          "summary": summary, "diagnosis": run.record.get("diagnosis")}, indent=2, default=str))
+        common.print_json({"id": run.id, "path": str(run.path), "status": run.status, "error": run.error,
+                           "summary": summary, "diagnosis": run.record.get("diagnosis")})
         return run.status
     console.print_summary(run.record, summary, run.status, run.path, sys.stdout)
     console.print_advice_head(run.id, run.diagnosis, sys.stdout)

@@ -13,7 +13,6 @@ refused), in one line; 130: interrupted (the record keeps what is done).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -41,8 +40,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     common.add_set(p, "override one value in every cell (repeatable)")
     p.add_argument("--grid", action="append", required=True, metavar="SECTION.KEY=V1,V2",
                    help="an axis of the grid: a key and at least 2 values, the first the reference (repeatable)")
-    p.add_argument("--repeats", type=int, default=1, help="runs per cell, interleaved (default 1)")
-    p.add_argument("--steps", type=int, help="train.steps of every cell (default: the config's)")
+    p.add_argument("--repeats", type=common.positive_int, default=1, help="runs per cell, interleaved (default 1)")
+    p.add_argument("--steps", type=common.positive_int, help="train.steps of every cell (default: the config's)")
     common.add_runs_dir(p)
     common.add_json(p, "print the sweep record as JSON instead of the tables")
     p.add_argument("--no-progress", action="store_true", help="no live progress output")
@@ -101,8 +100,6 @@ def main(args: argparse.Namespace) -> int:
     """Run `glmperf sweep` with parsed arguments; returns the exit code."""
     from profiler.experiments import records, sweep
 
-    common.at_least_one("--repeats", args.repeats)
-    common.at_least_one("--steps", args.steps)
     with common.bad_input_from(sweep.SweepError):
         spec = sweep.Spec(preset=args.preset, config=None if args.config is None else str(args.config),
                           grid=sweep.parse_grid(args.grid), overrides=list(args.overrides), repeats=args.repeats,
@@ -127,7 +124,7 @@ def main(args: argparse.Namespace) -> int:
                              progress=not args.no_progress)
     path = record_dir / f"{sweep.KIND}.json"
     if args.json:
-        print(json.dumps(record, indent=2, default=str))
+        common.print_json(record)
     else:
         print_sweep(record, path, sys.stdout)
     if record["status"] == "interrupted":

@@ -11,7 +11,6 @@ done are kept in the record).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,23 +31,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     common.add_preset(start, f"shipped config: {', '.join(shipped_presets())}")
     common.add_config(start, "YAML config file to start from")
     common.add_set(p, "override one value of the starting config (repeatable)")
-    p.add_argument("--steps", type=int, help="steps of every run (default: the config's)")
-    p.add_argument("--memory-budget-gb", type=float, help="peak memory the tuned config must fit (GiB; "
+    p.add_argument("--steps", type=common.positive_int, help="steps of every run (default: the config's)")
+    p.add_argument("--memory-budget-gb", type=common.positive_float, help="peak memory the tuned config must fit (GiB; "
                    "default: the config's profile.memory_budget_gb, else no limit)")
-    p.add_argument("--time-budget-min", type=float, help="stop before a round that would overrun this")
-    p.add_argument("--repeats", type=int, default=2, help="runs of each side per verification (default 2)")
-    p.add_argument("--max-rounds", type=int, default=8, help="recommendations tried at most (default 8)")
+    p.add_argument("--time-budget-min", type=common.positive_float, help="stop before a round that would overrun this")
+    p.add_argument("--repeats", type=common.positive_int, default=2,
+                   help="runs of each side per verification (default 2)")
+    p.add_argument("--max-rounds", type=common.positive_int, default=8,
+                   help="recommendations tried at most (default 8)")
     p.add_argument("--allow-model-changes", action="store_true", help="also try changes that alter the model")
     p.add_argument("--output", type=Path, help="the tuned config (default: tuned.yaml beside the record)")
     common.add_runs_dir(p)
     p.add_argument("--no-progress", action="store_true")
     common.add_json(p, "print the record as JSON")
-
-
-def _positive(name: str, value: float | None, *, integer: bool = False) -> None:
-    """Refuse a limit that is not above 0 (or not whole, for a count) before any run starts."""
-    if value is not None and (value <= 0 or (integer and int(value) != value)):
-        raise common.BadInput(f"{name}: got {value}; allowed: {'an integer' if integer else 'a number'} > 0")
 
 
 def _gib(value: float | None) -> str:
@@ -77,14 +72,11 @@ def main(args: argparse.Namespace) -> int:
     from profiler.experiments.records import write_tuned
     from profiler.experiments.tune import Tuner, TuneSpec
 
-    for name, value, integer in (("--steps", args.steps, True), ("--memory-budget-gb", args.memory_budget_gb, False),
-                                 ("--time-budget-min", args.time_budget_min, False),
-                                 ("--repeats", args.repeats, True), ("--max-rounds", args.max_rounds, True)):
-        _positive(name, value, integer=integer)
     overrides = list(args.overrides) + ([f"train.steps={args.steps}"] if args.steps else [])
     if args.memory_budget_gb:
         overrides.append(f"profile.memory_budget_gb={args.memory_budget_gb}")
     start = load_config(config=args.config, preset=args.preset, overrides=overrides)
+    common.check_steps("--steps" if args.steps else "train.steps", start.train.steps, start.to_dict()["profile"])
     runs_dir = common.runs_dir(args)
     store.check_runs_dir(runs_dir)
     budget = start.profile.memory_budget_gb or None
@@ -101,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
         return common.EXIT_INTERRUPTED
     path = write_tuned(record, tuner.dir, args.output)
     if args.json:
-        print(json.dumps({**record, "tuned_config": str(path)}, indent=2, default=str))
+        common.print_json({**record, "tuned_config": str(path)})
     else:
         _print(record, path, sys.stdout)
     peak = record["tuned"]["end"]["peak_memory_gib"]

@@ -47,6 +47,13 @@ def headline(c: Comparison) -> str:
     return f"PASS: no gated metric regressed ({counts})"
 
 
+def workload_line(c: Comparison) -> str:
+    """Said before any figure when the sides train different models or shapes."""
+    if c.different_models is None:
+        return ""
+    return f"the runs train different models or shapes: {c.different_models}; the figures compare the workloads"
+
+
 def _contention_line(c: Comparison) -> str:
     """Other processes' CPU beyond what each side's runs left free, when the sampler measured it."""
     if c.contention == (None, None):
@@ -95,7 +102,7 @@ def _columns(rows: list[list[str]], indent: str = "  ") -> list[str]:
 
 def to_text(c: Comparison) -> str:
     lines = [f"glmperf compare: baseline {_runs(c.base)} vs candidate {_runs(c.cand)}", headline(c)]
-    lines += [c.across_devices] if c.across_devices else []
+    lines += [line for line in (workload_line(c), c.across_devices) if line]
     lines += [_contention_line(c)] if _contention_line(c) else []
     lines += ["", *_columns([_headers(c), *(_row(m) for m in c.metrics)])]
     lines += [f"  {name}: {why}" for name, why in _explained(c)]
@@ -125,7 +132,7 @@ def _md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
 def to_markdown(c: Comparison) -> str:
     lines = [f"### glmperf compare: {headline(c)}", "",
              f"Baseline {_runs(c.base)}, candidate {_runs(c.cand)}.", ""]
-    lines += [f"**{c.across_devices}**", ""] if c.across_devices else []
+    lines += [x for line in (workload_line(c), c.across_devices) if line for x in (f"**{line}**", "")]
     lines += [_contention_line(c), ""] if _contention_line(c) else []
     lines += [*_md_table(_headers(c), [_row(m) for m in c.metrics]), ""]
     lines += [f"- `{name}`: {why}" for name, why in _explained(c)]
@@ -146,15 +153,22 @@ def to_markdown(c: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plain(x: Any) -> Any:
-    """JSON-safe: NaN and infinities as null, tuples as lists."""
+def plain(x: Any) -> Any:
+    """Strict-JSON-safe: NaN and infinities as null (bare NaN is no JSON other parsers read), tuples as
+    lists. Every JSON glmperf prints or writes goes through it (`json_text`)."""
     if isinstance(x, float):
         return x if math.isfinite(x) else None
     if isinstance(x, dict):
-        return {k: _plain(v) for k, v in x.items()}
+        return {k: plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
+        return [plain(v) for v in x]
     return x
+
+
+def json_text(data: Any) -> str:
+    """`data` as strict JSON (RFC 8259), indented; `allow_nan=False` makes a value `plain` missed fail
+    loudly instead of printing a bare NaN."""
+    return json.dumps(plain(data), indent=2, default=str, allow_nan=False)
 
 
 def to_json(c: Comparison) -> str:
@@ -163,7 +177,7 @@ def to_json(c: Comparison) -> str:
         for row, change in zip(data[key], changes, strict=True):
             row["change_ms"] = change.change_ms
     data = {"verdict": c.verdict, "passed": not c.failures, "failures": list(c.failures), **data}
-    return json.dumps(_plain(data), indent=2, default=str, allow_nan=False) + "\n"
+    return json_text(data) + "\n"
 
 
 def to_junit(c: Comparison) -> str:

@@ -34,6 +34,9 @@ PARITY_KEYS = ("model", "data", "train.seed", "train.batch_size")
 """Config that must agree for the loss curves to be comparable step by step..."""
 PARITY_FREE = ("data.io_delay_ms", "data.cache_dir")
 """...except what changes when a batch arrives or where it is cached, not what it holds."""
+WORKLOAD_KEYS = ("model", "data.seq_len")
+"""Config that makes the work of a step: runs that differ in it train different models or shapes, and
+their figures compare the workloads, not the code."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,9 @@ class Comparison:
     """Largest CPU contention over a side's runs (see `contention`; None: not measured, e.g. on a GPU)."""
     notes: tuple[str, ...]
     options: Options
+    different_models: str | None = None
+    """What the sides' models or shapes differ in (WORKLOAD_KEYS), e.g. "model.hidden_size 64 vs 512";
+    None when every run trains the same."""
 
     @property
     def failures(self) -> tuple[str, ...]:
@@ -177,11 +183,28 @@ def _parity(settings: Sequence[dict[str, dict[str, Any]]], merged: tuple[list[pd
             tolerance: float) -> Parity:
     first = settings[0]["config"]
     differ = sorted({k for s in settings for k, v in s["config"].items()
-                     if any(k == p or k.startswith(f"{p}.") for p in PARITY_KEYS) and k not in PARITY_FREE
+                     if _in(k, PARITY_KEYS) and k not in PARITY_FREE
                      and first.get(k) != v})
     if differ:
         return Parity("not comparable", f"the runs differ in {', '.join(differ)}", tolerance)
     return loss_parity(_loss_curve(merged[0]), _loss_curve(merged[1]), tolerance=tolerance)
+
+
+def _in(key: str, prefixes: Sequence[str]) -> bool:
+    return any(key == p or key.startswith(f"{p}.") for p in prefixes)
+
+
+def _values(side: Sequence[dict[str, dict[str, Any]]], key: str) -> str:
+    return "/".join(dict.fromkeys(str(s["config"].get(key)) for s in side))
+
+
+def _different_models(settings: tuple[list[dict[str, dict[str, Any]]], ...]) -> str | None:
+    """The workload keys whose values are not the same in every run, each as "key base vs candidate"."""
+    runs = [s["config"] for side in settings for s in side]
+    keys = sorted({k for c in runs for k in c if _in(k, WORKLOAD_KEYS) and any(o.get(k) != c[k] for o in runs)})
+    if not keys:
+        return None
+    return ", ".join(f"{k} {_values(settings[0], k)} vs {_values(settings[1], k)}" for k in keys)
 
 
 def _across_devices(env: tuple[dict[str, Any], dict[str, Any]]) -> str | None:
@@ -242,4 +265,5 @@ def compare(base: Sequence[RunData], cand: Sequence[RunData], gate: Gate) -> Com
         ops_time=ops_time,
         differences=tuple(_differences(settings[0][0]["config"], settings[1][0]["config"], "config")
                           + _differences(*env, "environment")),
-        across_devices=_across_devices(env), contention=busy, notes=tuple(dict.fromkeys(notes)), options=gate.options)
+        across_devices=_across_devices(env), contention=busy, notes=tuple(dict.fromkeys(notes)), options=gate.options,
+        different_models=_different_models(settings))

@@ -36,6 +36,11 @@ half-shift terms of `_between` cover the excess); memory high-water marks agree 
 Measure your runner's with benchmarks/compare_false_alarms.py."""
 MAX_REPEATS = 100
 """Above this many runs a side, "how many would decide" is reported as "more than"."""
+UNSTABLE_CV, OUTLIER = 0.10, 0.5
+"""pyperf's stability rules: a run is unstable when its steps' std is 10% of their mean or more, or a
+step lies 50% or more from the mean."""
+FAST_END = 0.1
+"""The share of a run's steps at its fast end that stands for its undisturbed speed (see `_disturbed`)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,48 @@ def robust_spread(x: np.ndarray) -> float:
     return 1.4826 * float(np.median(np.abs(x - med))) / abs(med) if med else 0.0
 
 
+def _dispersion(x: np.ndarray) -> tuple[float, float]:
+    """A run's steps' std over their mean, and how far (relative to the mean) its farthest step lies."""
+    mean = float(np.mean(x)) if len(x) else 0.0
+    if mean <= 0:
+        return 0.0, 0.0
+    return float(np.std(x)) / mean, max(float(np.max(x)) / mean - 1, 1 - float(np.min(x)) / mean)
+
+
+def unstable(x: np.ndarray) -> bool:
+    """pyperf's rules flag the run's steps: its figure may be as much the machine's as the code's."""
+    cv, far = _dispersion(x)
+    return cv >= UNSTABLE_CV or far >= OUTLIER
+
+
+def _disturbed(verdict: str, b_runs: list[np.ndarray], c_runs: list[np.ndarray], names: tuple[Sequence[str],
+               Sequence[str]], *, better: str, bar: float, half: float) -> str | None:
+    """Why a speed verdict may be a disturbance of the machine, or None when it stands.
+
+    A disturbance (another process, a page-cache flush) only ever slows a step down, and an unstable
+    run is one it touched: its figure can move by as much as the disturbed share of its steps. So a
+    regression with an unstable candidate run (an improvement with an unstable baseline run) stands
+    only when the runs' fastest steps (FAST_END of each run, the least disturbed) show it too, by the
+    same rule (beyond the threshold, the interval's half-width `half` excluding no change). An induced
+    slowdown slows every step and stands; a run slowed in bursts does not."""
+    side, runs, label = (1, c_runs, "candidate") if verdict == "regressed" else (0, b_runs, "baseline")
+    shaky = [n for x, n in zip(runs, names[side], strict=True) if unstable(x)]
+    if not shaky:
+        return None
+    q = FAST_END if better == "lower" else 1 - FAST_END
+    fast_b, fast_c = (float(np.median([np.quantile(x, q) for x in rs])) for rs in (b_runs, c_runs))
+    if fast_b <= 0 or fast_c <= 0:
+        return None
+    sign = 1.0 if better == "lower" else -1.0
+    bad = sign * math.log(fast_c / fast_b)
+    if (bad > bar and bad - half > 0) if verdict == "regressed" else (bad < -bar and bad + half < 0):
+        return None
+    return (f"the {label} run {', '.join(shaky)} is unstable (pyperf's rules, see the stability lines) and its "
+            f"fastest steps do not show the change beyond the noise ({math.expm1(sign * bad):+.1%} at the fast "
+            f"{FAST_END:.0%}): "
+            "a disturbance of the machine, which only slows steps, could explain it; rerun on a quiet machine")
+
+
 def stability_warnings(x: np.ndarray, *, name: str, unit: str) -> list[str]:
     """pyperf's stability rules (std >= 10% of the mean, min or max >= 50% from the mean, values
     under 1 ms), said of one run in one line, or nothing when it is stable."""
@@ -121,12 +168,11 @@ def stability_warnings(x: np.ndarray, *, name: str, unit: str) -> list[str]:
     if mean <= 0:
         return []
     found = []
-    cv = float(np.std(x)) / mean
-    if cv >= 0.10:
-        found.append(f"steps vary by {cv:.0%} of the mean (unstable from 10%)")
-    far = max(float(np.max(x)) / mean - 1, 1 - float(np.min(x)) / mean)
-    if far >= 0.5:
-        found.append(f"a step is {far:.0%} away from the mean (an outlier from 50%)")
+    cv, far = _dispersion(x)
+    if cv >= UNSTABLE_CV:
+        found.append(f"steps vary by {cv:.0%} of the mean (unstable from {UNSTABLE_CV:.0%})")
+    if far >= OUTLIER:
+        found.append(f"a step is {far:.0%} away from the mean (an outlier from {OUTLIER:.0%})")
     if unit == "ms" and float(np.min(x)) < 1.0:
         found.append("a step under 1 ms (timer and loop overheads dominate)")
     return [f"{name}: {', '.join(found)}"] if found else []
@@ -258,10 +304,13 @@ def compare_series(base: Sequence[Values], cand: Sequence[Values], *, better: st
     common = {"ci": ci, "p_value": _mann_whitney(*units), "unit": unit_kind, "run_noise": sigma,
               "run_noise_source": source}
     pct = f"{100 * limit:g}%"
-    if bad > bar and bad_lo > 0:
-        return result("regressed", f"beyond the {pct} threshold with {options.confidence:.0%} confidence", **common)
-    if bad < -bar and bad_hi < 0:
-        return result("improved", f"better by more than {pct} with {options.confidence:.0%} confidence", **common)
+    for verdict, beyond, reason in (("regressed", bad > bar and bad_lo > 0, f"beyond the {pct} threshold"),
+                                    ("improved", bad < -bar and bad_hi < 0, f"better by more than {pct}")):
+        if beyond:
+            shaky = _disturbed(verdict, b_runs, c_runs, names, better=better, bar=bar, half=half) if speed else None
+            if shaky:
+                return result("inconclusive", f"looks {verdict} ({math.expm1(d):+.1%}), but {shaky}", **common)
+            return result(verdict, f"{reason} with {options.confidence:.0%} confidence", **common)
     if bad_hi <= bar and bad_lo >= -bar:
         return result("unchanged", f"within {pct} either way with {options.confidence:.0%} confidence", **common)
     gap = abs(bad) if abs(bad) > bar else bar - abs(bad)

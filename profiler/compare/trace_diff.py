@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from profiler.analysis import RunData
+from profiler.compare.formats import json_text
 
 COLUMNS = ["kind", "name", "control_calls", "test_calls", "diff_calls", "control_ms", "test_ms", "diff_ms"]
 
@@ -82,7 +83,7 @@ def with_trace_diff(rendered: str, fmt: str, diff: pd.DataFrame) -> str:
     if fmt == "json":
         data = json.loads(rendered)
         data["trace_diff"] = diff.to_dict(orient="records")
-        return json.dumps(data, indent=2, allow_nan=False) + "\n"
+        return json_text(data) + "\n"
     if fmt == "markdown":
         return rendered + "\n```" + to_text(diff) + "```\n"
     if fmt == "text":

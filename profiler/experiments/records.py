@@ -13,11 +13,32 @@ from typing import Any
 import yaml
 
 from profiler import store
+from profiler.compare.formats import plain
+from profiler.config import merge_into
+from profiler.metrics import flatten
 from profiler.settings import settings_text
 
 KINDS = {"sweep": "sweeps", "tune": "tunes"}
 """Records of experiments (a sweep's grid, a tune's steps) live beside the runs:
 `<runs_dir>/<sweeps|tunes>/<id>/<kind>.json`; their runs are ordinary runs in `<runs_dir>`."""
+
+
+def fields_set(key: str, value: Any) -> list[str]:
+    """The config fields `key=value` sets, by their full names: a switch's shorthand `switches.amp=bf16`
+    sets `switches.amp.dtype`; `model.preset` sets every model field (named `model`)."""
+    if key == "model.preset":
+        return ["model"]
+    data: dict[str, Any] = {}
+    merge_into(data, {key: value})
+    return list(flatten(data))
+
+
+def canonical(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A change of settings by the full names of the fields it sets (`switches.amp=bf16` and
+    `switches.amp.dtype=bf16` are one change), in a stable order: what makes two changes the same."""
+    data: dict[str, Any] = {}
+    merge_into(data, dict(settings))
+    return dict(sorted(flatten(data).items()))
 
 
 def create(runs_dir: Path, kind: str, name: str, record: dict[str, Any]) -> Path:
@@ -29,7 +50,8 @@ def create(runs_dir: Path, kind: str, name: str, record: dict[str, Any]) -> Path
 
 
 def write(record_dir: Path, kind: str, record: dict[str, Any]) -> None:
-    store.write_json_atomic(record_dir / f"{kind}.json", record)
+    """The record as strict JSON: a figure that is NaN (a failed cell's) is written null."""
+    store.write_json_atomic(record_dir / f"{kind}.json", plain(record))
 
 
 def read(record_dir: Path, kind: str) -> dict[str, Any]:

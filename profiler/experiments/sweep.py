@@ -68,6 +68,22 @@ def _split(raw: str) -> list[str]:
     return [*parts, current]
 
 
+def _overlap(a: str, b: str) -> bool:
+    """One field path is the other or holds it."""
+    return a == b or a.startswith(f"{b}.") or b.startswith(f"{a}.")
+
+
+def check_axes(grid: dict[str, list[Any]]) -> None:
+    """Refuse two axes that set one field (the same key by two names, or a section and a field in it):
+    the later would override the earlier in some cells, whose labels would then lie."""
+    fields = {key: {f for v in values for f in records.fields_set(key, v)} for key, values in grid.items()}
+    for a, b in itertools.combinations(grid, 2):
+        shared = sorted({x if len(x) >= len(y) else y for x in fields[a] for y in fields[b] if _overlap(x, y)})
+        if shared:
+            raise SweepError(f"--grid {a} and --grid {b} both set {', '.join(shared)}: a cell's label would not be "
+                             "what it trains; allowed: one --grid per field")
+
+
 def parse_grid(texts: Sequence[str]) -> dict[str, list[Any]]:
     """`section.key=v1,v2` per axis, each value read as `--set` reads it; YAML 1.1's off/on/yes/no
     stay the words typed (the config coerces both forms alike, and the record reads as typed)."""
@@ -90,6 +106,7 @@ def parse_grid(texts: Sequence[str]) -> dict[str, list[Any]]:
         grid[key] = values
     if not grid:
         raise SweepError("no --grid given: name at least one section.key=v1,v2")
+    check_axes(grid)
     return grid
 
 
@@ -125,7 +142,21 @@ def expand(spec: Spec) -> tuple[list[tuple[dict[str, Any], RunConfig]], list[dic
     if not accepted:
         reasons = "; ".join(dict.fromkeys(r["reason"] for r in refused))
         raise SweepError(f"every one of the {len(refused)} cells of the grid is refused: {reasons}")
+    check_cells(accepted)
     return accepted, refused
+
+
+def check_cells(cells: Sequence[tuple[dict[str, Any], RunConfig]]) -> None:
+    """Refuse a grid two of whose cells train the same config (two values that mean the same, e.g.
+    `off` and `false`): their labels differ, what they measure does not, and the ablation would report
+    noise as an effect."""
+    seen: dict[str, dict[str, Any]] = {}
+    for settings, cfg in cells:
+        resolved = json.dumps({k: v for k, v in cfg.to_dict().items() if k != "name"}, sort_keys=True, default=str)
+        if resolved in seen:
+            raise SweepError(f"cells {settings_text(seen[resolved])} and {settings_text(settings)} resolve to the "
+                             "same config; allowed: grid values that train differently")
+        seen[resolved] = settings
 
 
 def _same(a: Any, b: Any) -> bool:

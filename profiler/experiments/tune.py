@@ -47,7 +47,8 @@ class TuneSpec:
 
 
 def _key(settings: Mapping[str, Any]) -> str:
-    return settings_text(dict(sorted(settings.items())))
+    """One text per change, whatever names its fields were given by (a shorthand or the full path)."""
+    return settings_text(records.canonical(settings))
 
 
 def _peak_gib(runs: Sequence[RunData]) -> float | None:
@@ -152,7 +153,8 @@ class Tuner:
             self._save(adopted=adopted)
             if self.on_round:
                 self.on_round(entry)
-        tuned = {"settings": {k: v for s in adopted for k, v in s.items()}, "config": current.to_dict(),
+        tuned = {"settings": {k: v for s in adopted for k, v in records.canonical(s).items()},
+                 "config": current.to_dict(),
                  "start": _figures(first), "end": _figures(newest)}
         self._save(status="completed", stopped=stopped, tuned=tuned)
         return self.record

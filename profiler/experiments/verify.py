@@ -35,6 +35,7 @@ from profiler.compare.gate import DEFAULT_REPORTED, LOSS_PARITY, Gate, Threshold
 from profiler.compare.runs import compare
 from profiler.config import RunConfig, load_config
 from profiler.experiments.batch import Cell, traced_once
+from profiler.experiments.records import canonical
 from profiler.metrics import METRIC_BY_NAME, PHASE_NAMES
 from profiler.settings import override_texts
 
@@ -72,7 +73,7 @@ def _combined(recommendations: Sequence[Mapping[str, Any]]) -> dict[str, Any] | 
     """The recommendations' changes merged, or None when two set one key differently."""
     merged: dict[str, Any] = {}
     for rec in recommendations:
-        for key, value in rec["set"].items():
+        for key, value in canonical(rec["set"]).items():  # a shorthand and its field's full name are one key
             if merged.get(key, value) != value:
                 return None
             merged[key] = value
