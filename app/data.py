@@ -202,12 +202,12 @@ class CompareView:
 
 def _sides(runs_dir: Path, base: Sequence[str], cand: Sequence[str]) -> tuple[list[RunData], list[RunData]]:
     """The runs of each side, each one a run inside the runs directory (StoreError for any other)."""
-    from profiler.cli.compare import load_side
+    from profiler.compare.sides import load_sides
 
-    def side(refs: Sequence[str]) -> list[RunData]:
-        return load_side([str(paths.served_run(ref, runs_dir)) for ref in refs], runs_dir)
+    def served(refs: Sequence[str]) -> list[str]:
+        return [str(paths.served_run(ref, runs_dir)) for ref in refs]
 
-    return side(base), side(cand)
+    return load_sides(served(base), served(cand), runs_dir)
 
 
 @st.cache_data(ttl=LIVE_TTL_S, show_spinner=False)

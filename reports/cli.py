@@ -64,15 +64,15 @@ def _run(args: argparse.Namespace, runs_dir: Path) -> tuple[Path, Page]:
 
 
 def _compare(args: argparse.Namespace, runs_dir: Path) -> tuple[Path, Page]:
-    from profiler.cli.compare import load_side
     from profiler.compare.gate import GateError, make_gate
     from profiler.compare.runs import compare
+    from profiler.compare.sides import load_sides
     from reports.report_compare import compare_report
 
     if args.vs is None and len(args.compare) != 2:
         raise common.BadInput("--compare takes BASE CAND, or BASE... --vs CAND...")
     refs = (args.compare[:1], args.compare[1:]) if args.vs is None else (args.compare, args.vs)
-    base, cand = load_side(refs[0], runs_dir), load_side(refs[1], runs_dir)
+    base, cand = load_sides(*refs, runs_dir)
     with common.bad_input_from(GateError):
         result = compare(base, cand, make_gate())
     name = f"compare-{paths.plain_name(result.base[0])}-vs-{paths.plain_name(result.cand[0])}.html"

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from profiler.analysis import RunData
-from profiler.compare.formats import STEPS_NOTE, headline
+from profiler.compare.formats import STEPS_NOTE, headline, workload_line
 from profiler.compare.runs import Comparison
 from profiler.metrics import METRIC_BY_NAME
 from profiler.text import fmt
@@ -63,7 +63,7 @@ def compare_report(base: Sequence[RunData], cand: Sequence[RunData], c: Comparis
     return html.render(
         "compare.html", title=f"glmperf: {c.base[0]} vs {c.cand[0]}", sections=shown, missing=missing,
         base=list(c.base), cand=list(c.cand), verdict=c.verdict, failed=bool(c.failures), headline=headline(c),
-        banners=[c.across_devices] if c.across_devices else [],
+        banners=[line for line in (workload_line(c), c.across_devices) if line],
         parity=f"{c.parity.verdict}: {c.parity.reason}", what=what, metrics=metric_rows(c),
         phases=[[p.name, fmt(p.base_ms, 2), fmt(p.cand_ms, 2), f"{p.change_ms:+.2f}"] for p in c.phases],
         ops=[[o.name, fmt(o.base_ms, 3), fmt(o.cand_ms, 3), f"{o.change_ms:+.3f}"] for o in c.ops], ops_time=c.ops_time,

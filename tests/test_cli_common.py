@@ -75,11 +75,11 @@ def test_profile_run_refuses_bad_steps_in_one_line(tmp_path: Path, capsys: pytes
     assert len(err) == 1 and err[0].startswith("profile-run: error: train.steps"), err
 
 
-def test_the_read_side_never_imports_torch(completed_run: Path, tmp_path: Path) -> None:
-    run, runs_dir = str(completed_run), str(completed_run.parent)
+def test_the_read_side_never_imports_torch(completed_run: Path, two_rank_run: Path, tmp_path: Path) -> None:
+    run, runs_dir, other = str(completed_run), str(completed_run.parent), str(two_rank_run)
     for args in (["--help"], ["runs", "--runs-dir", runs_dir], ["show", run], ["show", run, "--json"],
-                 ["diagnose", run], ["compare", run, run], ["report", run, "-o", str(tmp_path / "run.html")],
-                 ["report", "--compare", run, run, "-o", str(tmp_path / "compare.html")]):
+                 ["diagnose", run], ["compare", run, other], ["report", run, "-o", str(tmp_path / "run.html")],
+                 ["report", "--compare", run, other, "-o", str(tmp_path / "compare.html")]):
         proc = subprocess.run([sys.executable, "-c", READ_SIDE, *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=240)
         assert proc.returncode == 0, (args, proc.stderr)

@@ -141,7 +141,7 @@ def test_bad_input_is_one_line_and_exit_2(base: Path, tmp_path: Path) -> None:
     assert "unknown metric 'step_tim_p50'; known: step_time_p50" in line
     gate = tmp_path / "gate.yaml"
     gate.write_text("metrics: [step_time_p50\n")
-    assert f"gate file {gate} is not valid YAML" in _one_error_line(compare(str(base), str(base), "--gate", str(gate)))
+    assert f"--gate: {gate} is not valid YAML" in _one_error_line(compare(str(base), str(base), "--gate", str(gate)))
     assert "takes BASE CAND" in _one_error_line(compare(str(base)))
 
 

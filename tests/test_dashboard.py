@@ -222,8 +222,8 @@ def test_a_verification_runs_in_the_background_and_lands(completed_run: Path, tm
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     run_dir = copy_run(completed_run, tmp_path)
     run_id = record(run_dir)["id"]
-    job = jobs.start(run_id, tmp_path, top=1, repeats=1, steps=11)
-    assert jobs.start(run_id, tmp_path, top=1, repeats=1, steps=11).pid == job.pid  # one at a time
+    job = jobs.start(run_id, tmp_path, top=1, repeats=1, steps=14)
+    assert jobs.start(run_id, tmp_path, top=1, repeats=1, steps=14).pid == job.pid  # one at a time
     found = jobs.find(run_id, tmp_path)  # what a reloaded page finds
     assert found == job and found.running
     at = page(tmp_path, monkeypatch, "recommend", run=run_id)
@@ -236,7 +236,7 @@ def test_a_verification_runs_in_the_background_and_lands(completed_run: Path, tm
     assert [r["verdict"] for r in verification["results"]], job.tail()
     at = page(tmp_path, monkeypatch, "recommend", run=run_id)
     assert "Verification finished" in texts(at, "markdown") and "verification of run" in job.tail()
-    assert "Verified by rerunning: 1 repeat(s) of 11 steps" in texts(at, "caption")
+    assert "Verified by rerunning: 1 repeat(s) of 14 steps" in texts(at, "caption")
     assert "2 run(s) made so far" in texts(at, "markdown")  # the fresh baseline and the change
 
 

@@ -111,9 +111,7 @@ def check_steps(option: str, steps: int, profile: Mapping[str, Any]) -> None:
 
 def print_json(data: Any) -> None:
     """Print what a command's --json prints: strict JSON (NaN and infinities as null), for any parser."""
-    from profiler.compare.formats import json_text
-
-    sys.stdout.write(json_text(data) + "\n")
+    sys.stdout.write(store.json_text(data) + "\n")
 
 
 def _number(kind: type, allowed: str, ok: Callable[[Any], bool]) -> Callable[[str], Any]:

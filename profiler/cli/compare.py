@@ -17,15 +17,13 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
-from profiler import store
-from profiler.analysis import RunData
 from profiler.cli import common
 from profiler.compare.formats import FORMATS, RENDER, to_text
 from profiler.compare.gate import COMPARABLE, Gate, GateError, make_gate
 from profiler.compare.runs import compare
+from profiler.compare.sides import load_sides
 from profiler.compare.trace_diff import trace_diff, with_trace_diff
+from profiler.settings import load_yaml_file
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -55,47 +53,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     common.add_runs_dir(p)
 
 
-def _load(path: Path) -> RunData:
-    run = common.load_run(path)
-    if run.status != "completed":
-        raise store.StoreError(f"run {run.id} is {run.status}, not completed: compare needs finished runs")
-    return run
-
-
-def load_side(refs: list[str], runs_dir: Path) -> list[RunData]:
-    """The runs a side names, a directory of runs expanded to all of them."""
-    out = []
-    for ref in refs:
-        path = store.resolve_run(ref, runs_dir)
-        try:
-            out.append(_load(path))
-        except store.StoreError:
-            listed = store.list_runs(path)  # a directory of runs (a run's own directory has none inside)
-            if not listed:
-                raise
-            out += [_load(Path(r["path"])) for r in reversed(listed)]
-    return out
-
-
 def _gate(args: argparse.Namespace) -> Gate:
-    data = None
-    if args.gate is not None:
-        try:
-            data = yaml.safe_load(args.gate.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise common.BadInput(f"gate file {args.gate}: {exc.strerror or exc}") from None
-        except yaml.YAMLError as exc:
-            raise common.BadInput(f"gate file {args.gate} is not valid YAML: {' '.join(str(exc).split())}") from None
+    data = None if args.gate is None else load_yaml_file(args.gate, "--gate")
     source = "the command line" if args.gate is None else f"gate file {args.gate}"
     return make_gate(data, source=source, metrics=args.metric, run_noise=args.run_noise, confidence=args.confidence)
-
-
-def check_sides(base: list[RunData], cand: list[RunData]) -> None:
-    """Refuse a run on both sides: compared with itself it can only look unchanged, which says nothing."""
-    both = sorted({r.id for r in base} & {r.id for r in cand})
-    if both:
-        raise common.BadInput(f"comparing a run with itself: run {', '.join(both)} is on both sides; allowed: "
-                              "different runs on each side (repeats of one config are separate runs)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -106,8 +67,7 @@ def main(args: argparse.Namespace) -> int:
     with common.bad_input_from(GateError):
         gate = _gate(args)
         runs_dir = common.runs_dir(args)
-        base_runs, cand_runs = load_side(base_refs, runs_dir), load_side(cand_refs, runs_dir)
-        check_sides(base_runs, cand_runs)
+        base_runs, cand_runs = load_sides(base_refs, cand_refs, runs_dir)
         result = compare(base_runs, cand_runs, gate)
     if result.different_models and not args.allow_different_models:
         raise common.BadInput(f"not comparable: the runs train different models or shapes: "

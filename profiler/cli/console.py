@@ -55,7 +55,8 @@ def print_collectives(ranks: Mapping[str, Mapping[str, Any]], out: TextIO) -> No
 
 
 def print_runs(runs: list[dict[str, Any]], out: TextIO) -> None:
-    """One line per run: id, status, throughput, median step, and what is wrong with a corrupt one."""
+    """One line per run: id, status, throughput, median step, and what is wrong with a corrupt or unreadable
+    one (under its status)."""
     tps, p50 = METRIC_BY_NAME["tokens_per_s"], METRIC_BY_NAME["step_time_p50"]
     width = max(len(str(r.get("id"))) for r in runs)
     print(f"{'run':<{width}}  {'status':<11} {'tokens/s':>10} {'step p50':>10}  path", file=out)
@@ -65,7 +66,7 @@ def print_runs(runs: list[dict[str, Any]], out: TextIO) -> None:
                 f"{fmt(p50.value(summary), 1) + ' ms':>10}  {r['path']}")
         print(line, file=out)
         for problem in r.get("problems", []):
-            print(f"{'':<{width}}  corrupt: {problem}", file=out)
+            print(f"{'':<{width}}  {r['status']}: {problem}", file=out)
 
 
 def _figure(name: str, f: Mapping[str, Any]) -> str:

@@ -9,7 +9,6 @@ plan fits (or no capacity was given), 1 when it does not, 2 for a config or layo
 from __future__ import annotations
 
 import argparse
-import json
 from typing import TYPE_CHECKING
 
 from optimizers.config import check_number
@@ -88,5 +87,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(config=args.config, preset=args.preset, overrides=args.overrides, nproc=args.nproc,
                       check_here=False)
     result = plan(cfg, args.nproc, capacity_bytes=capacity(args, cfg.profile.memory_budget_gb))
-    print(json.dumps(result.to_dict(), indent=2) if args.json else render(result))
+    if args.json:
+        common.print_json(result.to_dict())
+    else:
+        print(render(result))
     return common.EXIT_FINDING if result.fits is False else common.EXIT_OK

@@ -7,15 +7,14 @@ Names, units and digits come from the metric registry; nothing here computes a f
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from typing import Any
 
 from profiler.compare.gate import LOSS_PARITY
 from profiler.compare.runs import Comparison, MetricComparison
 from profiler.metrics import METRIC_BY_NAME
+from profiler.store import json_text
 from profiler.text import fmt
 
 FORMATS = ("text", "markdown", "json", "junit")
@@ -151,24 +150,6 @@ def to_markdown(c: Comparison) -> str:
                   "", "</details>", ""]
     lines += [f"_{n}_  " for n in (*c.notes, STEPS_NOTE)]
     return "\n".join(lines) + "\n"
-
-
-def plain(x: Any) -> Any:
-    """Strict-JSON-safe: NaN and infinities as null (bare NaN is no JSON other parsers read), tuples as
-    lists. Every JSON glmperf prints or writes goes through it (`json_text`)."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [plain(v) for v in x]
-    return x
-
-
-def json_text(data: Any) -> str:
-    """`data` as strict JSON (RFC 8259), indented; `allow_nan=False` makes a value `plain` missed fail
-    loudly instead of printing a bare NaN."""
-    return json.dumps(plain(data), indent=2, default=str, allow_nan=False)
 
 
 def to_json(c: Comparison) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from profiler.analysis import RunData
-from profiler.compare.formats import json_text
+from profiler.store import json_text
 
 COLUMNS = ["kind", "name", "control_calls", "test_calls", "diff_calls", "control_ms", "test_ms", "diff_ms"]
 

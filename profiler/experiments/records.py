@@ -13,10 +13,10 @@ from typing import Any
 import yaml
 
 from profiler import store
-from profiler.compare.formats import plain
 from profiler.config import merge_into
 from profiler.metrics import flatten
 from profiler.settings import settings_text
+from profiler.store import plain
 
 KINDS = {"sweep": "sweeps", "tune": "tunes"}
 """Records of experiments (a sweep's grid, a tune's steps) live beside the runs:

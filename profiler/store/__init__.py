@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from profiler.store.checks import SCHEMA_VERSION, NewerSchema, check_record
-from profiler.store.files import StoreError, disk_error, utc_now, write_json_atomic
+from profiler.store.files import StoreError, disk_error, json_text, plain, utc_now, write_json_atomic
 from profiler.store.tables import (
     OPTIONAL_TABLES,
     REQUIRED_COLUMNS,
@@ -39,7 +39,7 @@ from profiler.store.tables import (
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "OPTIONAL_TABLES", "FINAL_STATUSES", "STALE_AFTER_S", "StoreError",
            "NewerSchema", "RunWriter", "compact", "read_events", "read_table", "write_table", "utc_now",
-           "disk_error", "write_json_atomic"]
+           "disk_error", "json_text", "plain", "write_json_atomic"]
 
 FINAL_STATUSES = ("completed", "failed", "interrupted")
 """Statuses written when a run ends (its parts compacted into the tables)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import secrets
 from collections.abc import Callable
@@ -47,6 +48,24 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
         raise
 
 
+def plain(x: Any) -> Any:
+    """Strict-JSON-safe: NaN and infinities as null (bare NaN is no JSON other parsers read), tuples as
+    lists. Every JSON glmperf prints or writes goes through it (`json_text`)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    return x
+
+
+def json_text(data: Any) -> str:
+    """`data` as strict JSON (RFC 8259), indented; `allow_nan=False` makes a value `plain` missed fail
+    loudly instead of printing a bare NaN."""
+    return json.dumps(plain(data), indent=2, default=str, allow_nan=False)
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    text = json.dumps(data, indent=2, default=str)
+    text = json_text(data)
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
