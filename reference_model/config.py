@@ -158,7 +158,8 @@ class TrainConfig(Section):
     def __post_init__(self) -> None:
         self.check_range("batch_size", lo=1, hi=MAX_BATCH)
         self.check_range("steps", lo=1, hi=10**9)
-        self.check_range("lr", lo=0.0, hi=100.0, lo_open=True)
+        # up to absurd on purpose: a learning rate of 1000 is how the diagnosis scenarios make a run diverge
+        self.check_range("lr", lo=0.0, hi=1e6, lo_open=True)
         self.check_range("seed", lo=0, hi=2**63 - 1)
         self.check_range("log_every", lo=1, hi=10**9)
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):

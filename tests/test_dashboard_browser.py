@@ -4,32 +4,22 @@ screenshot of the compare page is saved under the test's temp dir."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, copy_run
+from tests.conftest import copy_run
+from tests.dashboard_server import serving
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--virtual-time-budget=15000", "--window-size=1400,3000"]
 RUNNING = 'aria-label="Running..."'
 """The status widget while the page's script still runs."""
-CLI = "import sys; from profiler.cli import main; sys.exit(main())"
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def chromium(url: str, *args: str) -> str:
@@ -57,26 +47,10 @@ def dashboard(tmp_path: Path, completed_run: Path, failed_run: Path, two_rank_ru
     runs = tmp_path / "runs"
     runs.mkdir()
     ids = [copy_run(r, runs).name for r in (completed_run, failed_run, two_rank_run)]
-    port = free_port()
-    log = (tmp_path / "dashboard.log").open("wb")
-    server = subprocess.Popen([sys.executable, "-c", CLI, "dashboard", "--runs-dir", str(runs), "--port", str(port)],
-                              cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"  # where the dashboard serves by default
-    deadline = time.time() + 90
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).close()
-            break
-        except OSError:
-            assert server.poll() is None and time.time() < deadline, (tmp_path / "dashboard.log").read_text()
-            time.sleep(0.5)
-    chromium(url, "--dump-dom")  # a fresh server's first page shows only placeholders
-    try:
+    with serving(runs, tmp_path / "dashboard.log") as (_, port):
+        url = f"http://127.0.0.1:{port}"  # where the dashboard serves by default
+        chromium(url, "--dump-dom")  # a fresh server's first page shows only placeholders
         yield url, ids
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
 
 
 def test_every_page_renders_in_chromium(dashboard: tuple[str, list[str]], tmp_path: Path) -> None:

@@ -107,7 +107,7 @@ def test_profile_run_refuses_a_nan_learning_rate_before_a_run_directory(tmp_path
                              "data.corpus=synthetic", "--runs-dir", str(runs), "--no-progress"])
     assert code == 2
     assert one_line(capsys.readouterr().err) == "profile-run: error: train.lr: got nan; allowed: a finite number " \
-                                                "in (0, 100]"
+                                                "in (0, 1e+06]"
     assert not runs.exists()
 
 

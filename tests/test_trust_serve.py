@@ -9,12 +9,9 @@ import json
 import os
 import resource
 import signal
-import socket
 import stat
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,10 +23,9 @@ from app import jobs
 from profiler import store
 from profiler.cli import main
 from tests.conftest import ROOT, copy_run
+from tests.dashboard_server import CLI, serving
 from tests.test_dashboard import page, texts
 from tests.test_report_pages import write_sweep
-
-CLI = "import sys; from profiler.cli import main; sys.exit(main())"
 
 
 def set_id(run_dir: Path, run_id: str) -> None:
@@ -208,32 +204,12 @@ def test_ctrl_c_while_the_report_is_written_is_one_line_and_keeps_the_old_report
 
 # -- item: the dashboard ------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def dashboard(tmp_path: Path, *args: str) -> Iterator[tuple[psutil.Process, int, Path]]:
     """A real `glmperf dashboard` over an empty runs directory, until it answers on 127.0.0.1."""
-    port, log = free_port(), tmp_path / f"dashboard-{len(list(tmp_path.glob('dashboard-*')))}.log"
-    with log.open("wb") as out:
-        server = subprocess.Popen([sys.executable, "-c", CLI, "dashboard", "--runs-dir", str(tmp_path / "runs"),
-                                   "--port", str(port), *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).close()
-                break
-            except OSError:
-                assert server.poll() is None and time.time() < deadline, log.read_text()
-                time.sleep(0.5)
+    log = tmp_path / f"dashboard-{len(list(tmp_path.glob('dashboard-*')))}.log"
+    with serving(tmp_path / "runs", log, *args) as (server, port):
         yield psutil.Process(server.pid), port, log
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def listening(process: psutil.Process, port: int) -> set[str]:

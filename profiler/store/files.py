@@ -67,5 +67,7 @@ def json_text(data: Any) -> str:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    text = json_text(data)
+    """The store's own records (run.json, rank status): a figure not measured stays NaN there, which the
+    readers take as such; what glmperf prints for other tools goes through `json_text`."""
+    text = json.dumps(data, indent=2, default=str)
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
