@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.common import header, mode_label, table, write_result
 from benchmarks.diagnosis_scenarios import SCENARIOS, Scenario
-from profiler.advice.recommend import advise
+from profiler.advice.advise import advise
 from profiler.analysis import load_run
 from profiler.config import load_config
 from profiler.experiments.batch import Cell, run_cells

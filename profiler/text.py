@@ -62,10 +62,13 @@ def expected_text(rec: Mapping[str, Any]) -> str:
     exp = rec["expected"]
     if rec.get("judged_by") == "stability":
         return f"steadier training, not a speed change  [{exp['basis']}]"
-    gains = [f"tokens/s {range_text(exp['tokens_per_s'])}"]
+    source = exp.get("source", "modelled")
+    gains = [f"tokens/s {range_text(exp['tokens_per_s'])} ({source})"]
     if "peak_memory" in exp:
-        gains.append(f"peak memory {range_text(exp['peak_memory'])}")
-    return f"{', '.join(gains)}  [{exp['basis']}]"
+        modelled = source == "modelled" or "peak_memory" in exp.get("modelled_parts", ())
+        gains.append(f"peak memory {range_text(exp['peak_memory'])} ({'modelled' if modelled else source})")
+    why = f"; not probed: {exp['not_probed']}" if exp.get("not_probed") else ""
+    return f"{', '.join(gains)}  [{exp['basis']}{why}]"
 
 
 def measured_text(m: Mapping[str, Any]) -> str:

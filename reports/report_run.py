@@ -36,7 +36,7 @@ def diagnosis_of(run: RunData, summary: Mapping[str, Any]) -> dict[str, Any]:
         return dict(run.diagnosis)
     if not summary.get("steps_counted"):
         return {}
-    from profiler.advice.recommend import advise  # imports torch: only for runs stored without a diagnosis
+    from profiler.advice.advise import advise  # imports torch: only for runs stored without a diagnosis
 
     return advise(run)
 

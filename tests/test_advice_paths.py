@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from profiler import store
-from profiler.advice.recommend import advise, explore
+from profiler.advice.advise import advise
+from profiler.advice.recommend import explore
 from profiler.analysis import load_run
 from tests.conftest import TINY, cli, copy_run, glmperf
 

@@ -12,7 +12,8 @@ import pytest
 
 from optimizers.vocabulary import Capability
 from profiler import store
-from profiler.advice.recommend import advise, capabilities
+from profiler.advice.advise import advise
+from profiler.advice.recommend import capabilities
 from profiler.analysis import analyze, load_run
 
 H200_RUN = Path(__file__).parent / "data" / "runs" / "h200-small-bf16"

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from profiler import store
-from profiler.advice.recommend import advise
+from profiler.advice.advise import advise
 from profiler.analysis import load_run
 from profiler.config import load_config
 from profiler.experiments.batch import Cell, run_cells

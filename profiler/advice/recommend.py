@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -30,9 +30,9 @@ import torch
 from optimizers import REGISTRY, Candidate, ConfigError, Optimization
 from optimizers.facts import Effect
 from optimizers.vocabulary import Bottleneck, Capability
-from profiler.advice.diagnose import LOW_PRECISION_SPEEDUP, diagnose, host_bound, v
+from profiler.advice.diagnose import LOW_PRECISION_SPEEDUP, host_bound, v
 from profiler.advice.plan import plan
-from profiler.analysis import RunData, analyze, stored
+from profiler.analysis import RunData, analyze
 from profiler.analysis.figures import Figures, known
 from profiler.config import build_run_config, load_config
 from profiler.metrics import PHASE_NAMES, lookup
@@ -44,17 +44,22 @@ NO_SPEED_METRIC = {Bottleneck.UNSTABLE}
 """Bottlenecks whose remedies are judged by what they prevent, not by a speed or memory figure."""
 
 
-def capabilities(run: RunData, figures: Figures) -> dict[Capability, tuple[bool, str]]:
-    """Whether the run has each capability, and the evidence, decided from what was measured."""
+def capabilities(run: RunData, figures: Figures, *, probing: bool = False) -> dict[Capability, tuple[bool, str]]:
+    """Whether the run has each capability, and the evidence, decided from what was measured.
+
+    `probing`: a probe will measure each change's speed on this machine, so a fast-matmul capability
+    needs only the hardware (native bf16; a GPU for fp16), not the calibrated peak ratio, which can
+    miss what the run's own shapes gain."""
     cuda = run.on_cuda
     bf16, fp16 = v(figures, "bf16_speedup"), v(figures, "fp16_speedup")
     cores, demand = v(figures, "cores"), v(figures, "thread_demand")
-    fast_bf16 = v(figures, "native_bf16") == 1.0 and bf16 >= LOW_PRECISION_SPEEDUP
+    fast_bf16 = v(figures, "native_bf16") == 1.0 and (probing or bf16 >= LOW_PRECISION_SPEEDUP)
     host = host_bound(figures)
     return {
         Capability.FAST_BF16_MATMUL: (fast_bf16, f"bf16 matmul peak {_x(bf16)} fp32, native bf16 "
                                                  f"{_yes(v(figures, 'native_bf16'))}"),
-        Capability.FAST_FP16_MATMUL: (cuda and fp16 >= LOW_PRECISION_SPEEDUP, f"fp16 matmul peak {_x(fp16)} fp32"),
+        Capability.FAST_FP16_MATMUL: (cuda and (probing or fp16 >= LOW_PRECISION_SPEEDUP),
+                                      f"fp16 matmul peak {_x(fp16)} fp32"),
         Capability.FP16_OVER_BF16: (not fast_bf16 or fp16 >= LOW_PRECISION_SPEEDUP * bf16,
                                     f"fp16 matmuls {_x(fp16)} fp32 against bf16's {_x(bf16)}"),
         Capability.CUDA: (cuda, "the run's device"),
@@ -78,7 +83,7 @@ SOFT = {Capability.SPARE_CORES}
 I/O needs no core of its own)."""
 
 
-def _fraction(effect: Effect, figures: Figures) -> tuple[float, float]:
+def effect_fraction(effect: Effect, figures: Figures) -> tuple[float, float]:
     """The effect's (low, high) fraction of its target, with this run's measured figures."""
     if effect.scales_with in SPEEDUP_FIGURES:
         # over the run's own dtype: bf16 -> fp16 on a GPU that runs both alike gains nothing
@@ -119,7 +124,7 @@ def expected(candidate: Candidate, figures: Figures) -> dict[str, Any]:
     memory: tuple[float, float] | None = None
     basis = []
     for effect in candidate.effects:
-        low, high = _fraction(effect, figures)
+        low, high = effect_fraction(effect, figures)
         if math.isnan(low):
             continue
         sign = 1 if effect.change == "shrinks" else -1
@@ -156,7 +161,21 @@ def _gain(kind: Bottleneck, exp: Mapping[str, Any]) -> float:
         mem = exp.get("peak_memory")
         return -(mem["low"] + mem["high"]) / 200 if mem else 0.0
     tps = exp["tokens_per_s"]
-    return (tps["low"] + tps["high"]) / 200
+    return tps.get("point", (tps["low"] + tps["high"]) / 2) / 100  # a probe's measured point, else the middle
+
+
+def score_of(kinds: Sequence[Bottleneck], severity: Mapping[Bottleneck, float], exp: Mapping[str, Any]
+             ) -> tuple[float, Bottleneck]:
+    """A change's rank and the bottleneck it is for: the severity of each kind it addresses x its expected
+    gain there (a fixed half for remedies judged by stability), the best of them."""
+    scored = [(severity[k] * _gain(k, exp), k) for k in kinds if k not in NO_SPEED_METRIC]
+    scored += [(severity[k] * 0.5, k) for k in kinds if k in NO_SPEED_METRIC]
+    return max(scored)
+
+
+def severities(diagnosis: Mapping[str, Any]) -> dict[Bottleneck, float]:
+    """The diagnosed bottlenecks' severities, by kind."""
+    return {Bottleneck[b["kind"].upper()]: b["severity"] for b in diagnosis["bottlenecks"]}
 
 
 def _current(config: Mapping[str, Any]):
@@ -176,18 +195,19 @@ def command(run: RunData, settings: Mapping[str, Any]) -> str:
 
 
 def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, allow_model_changes: bool = False,
-              top: int | None = None) -> dict[str, Any]:
+              top: int | None = None, probing: bool = False) -> dict[str, Any]:
     """{"recommendations": [...] ranked, "excluded": [{switch, set, reason}]} for a diagnosed run."""
     if "switches" not in run.config:  # a user's own training (profiler.api): no switch of ours to flip
         return {"recommendations": [], "excluded": [],
                 "not_recommended": f"the run's model is its own ({run.source} run): the switches are the reference "
                                    "trainer's, so the diagnosis stands without a switch to flip"}
-    severity = {Bottleneck[b["kind"].upper()]: b["severity"] for b in diagnosis["bottlenecks"]}
-    caps = capabilities(run, figures)
+    severity = severities(diagnosis)
+    caps = capabilities(run, figures, probing=probing)
     cfg = build_run_config(run.config)
     planned_now = functools.cache(lambda: plan(cfg, run.world_size).per_rank_bytes)  # once, if a layout changes
     current = _current(run.config)
-    ranked, excluded = [], []
+    ranked: list[dict[str, Any]] = []
+    excluded: list[dict[str, Any]] = []
     for opt in REGISTRY:
         kinds = [k for k in opt.addresses if k in severity]
         for candidate in opt.candidates if kinds else ():
@@ -198,11 +218,9 @@ def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, a
             if reason:
                 excluded.append({"switch": opt.name, "set": dict(settings), "reason": reason})
                 continue
-            exp = expected(candidate, figures)
-            scored = [(severity[k] * _gain(k, exp), k) for k in kinds if k not in NO_SPEED_METRIC]
-            scored += [(severity[k] * 0.5, k) for k in kinds if k in NO_SPEED_METRIC]
-            score, kind = max(scored)
-            if score <= 0:
+            exp = {**expected(candidate, figures), "source": "modelled"}
+            score, kind = score_of(kinds, severity, exp)
+            if score <= 0 and not probing:  # a probe measures what the model cannot see
                 excluded.append({"switch": opt.name, "set": dict(settings),
                                  "reason": f"no expected gain on this run ({exp['basis']})"})
                 continue
@@ -261,25 +279,11 @@ COMPUTE_ASSUMED = {"bottlenecks": [{"kind": str(Bottleneck.COMPUTE_BOUND), "seve
 
 
 def explore(run: RunData, figures: Figures | None = None, *, allow_model_changes: bool = False,
-            top: int | None = None) -> dict[str, Any]:
+            top: int | None = None, probing: bool = False) -> dict[str, Any]:
     """What could still speed up a run, whatever its diagnosis: the changes that make its compute
     faster, ranked by expected gain as if the step were compute bound (for `glmperf tune`, which
     verifies each before adopting it)."""
     figures = analyze(run) if figures is None else figures
-    return recommend(run, figures, COMPUTE_ASSUMED, allow_model_changes=allow_model_changes, top=top)
+    return recommend(run, figures, COMPUTE_ASSUMED, allow_model_changes=allow_model_changes, top=top,
+                     probing=probing)
 
-
-def advise(run: RunData, *, allow_model_changes: bool = False, top: int | None = None,
-           explore_when_clear: bool = False) -> dict[str, Any]:
-    """The run's diagnosis and recommendations, with the figures they rest on (run.json `diagnosis`).
-
-    `explore_when_clear`: a run with no bottleneck gets `explore`'s changes instead of none
-    (`explored` says so)."""
-    figures = analyze(run)
-    diagnosis = diagnose(figures)
-    if explore_when_clear and not diagnosis["bottlenecks"]:
-        advice = {**explore(run, figures, allow_model_changes=allow_model_changes, top=top), "explored": True}
-    else:
-        advice = recommend(run, figures, diagnosis, allow_model_changes=allow_model_changes, top=top)
-    return {**diagnosis, **advice, "allow_model_changes": allow_model_changes,
-            "figures": stored(figures)}

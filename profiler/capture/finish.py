@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from profiler import store
-from profiler.advice.recommend import advise
+from profiler.advice.advise import advise
 from profiler.analysis import RunData, load_run, summarize
 from profiler.analysis.operators import precision_work
 from profiler.config import RunConfig, build_run_config

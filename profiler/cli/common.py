@@ -109,6 +109,11 @@ def check_steps(option: str, steps: int, profile: Mapping[str, Any]) -> None:
                        f"torch.profiler steps are not counted, and a comparison needs {Options().min_steps} more)")
 
 
+def status_line(text: str) -> None:
+    """One line of long work's progress, on stderr (stdout stays the command's answer)."""
+    print(f"  {text} ...", file=sys.stderr, flush=True)
+
+
 def print_json(data: Any) -> None:
     """Print what a command's --json prints: strict JSON (NaN and infinities as null), for any parser."""
     sys.stdout.write(store.json_text(data) + "\n")

@@ -100,6 +100,12 @@ def print_recommendations(run_id: str, advice: Mapping[str, Any], out: TextIO) -
         for note in r["notes"]:
             print(f"     note: {note}", file=out)
         print(f"     try: {r['command']}", file=out)
+    probes = advice.get("probes")
+    if probes:
+        print(f"  probes: {probes['measured']} measured in {probes['spent_s']:.0f} s, {probes['cached']} cached "
+              f"(budget {probes['budget_s']:.0f} s)", file=out)
+    elif recs and all(r["expected"].get("source", "modelled") == "modelled" for r in recs):
+        print(f"  (modelled ranges: `glmperf recommend {run_id}` measures them on this machine)", file=out)
     hidden = [e for e in advice.get("excluded", []) if e["reason"].startswith("changes the model")]
     if hidden and not advice.get("allow_model_changes"):
         print(f"  ({len(hidden)} change(s) that alter the model not shown: --allow-model-changes)", file=out)

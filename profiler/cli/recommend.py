@@ -29,7 +29,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="with --verify: runs of each side (default 3)")
     p.add_argument("--steps", type=common.positive_int,
                    help="with --verify: steps of each run (default: the run's own)")
-    p.add_argument("--no-progress", action="store_true", help="with --verify: no progress output")
+    p.add_argument("--probe-budget", type=common.non_negative_float, default=120.0, metavar="SECONDS",
+                   help="measure each change's gain on this machine, side by side with the run's config, within "
+                        "this many seconds in all (default 120; cached probes are free); 0: modelled ranges only")
+    p.add_argument("--no-progress", action="store_true", help="no progress output (probes, --verify)")
 
 
 def _verify_steps(args: argparse.Namespace, run: RunData) -> int:
@@ -40,11 +43,16 @@ def _verify_steps(args: argparse.Namespace, run: RunData) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    from profiler.advice.recommend import advise
+    from profiler.advice.advise import advise, keep_advice
+    from profiler.advice.measured import ProbeBudget
     from profiler.cli import console
 
     run = diagnosable(common.run_path(args))
-    advice = advise(run, allow_model_changes=args.allow_model_changes, top=args.top)
+    probes = ProbeBudget(total_s=args.probe_budget) if args.probe_budget > 0 else None
+    advice = advise(run, allow_model_changes=args.allow_model_changes, top=args.top, probes=probes,
+                    progress=None if args.no_progress or args.json else common.status_line)
+    if probes is not None:
+        keep_advice(run, advice)
     verification = run.verification
     if args.verify:
         from profiler.experiments.batch import BatchInterrupted
@@ -64,7 +72,8 @@ def main(args: argparse.Namespace) -> int:
             return common.EXIT_INTERRUPTED
     if args.json:
         keys = ("verdict", "bottlenecks", "recommendations", "excluded")
-        common.print_json({**{k: advice[k] for k in keys}, "verification": verification})
+        common.print_json({**{k: advice[k] for k in keys}, "probes": advice.get("probes"),
+                           "verification": verification})
         return common.EXIT_OK
     if not args.verify:
         console.print_diagnosis(run.id, advice, sys.stdout, evidence=False)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from profiler.advice.recommend import advise
+from profiler.advice.advise import advise
 from profiler.analysis import RunData, load_run, summary_of
 from profiler.config import RunConfig
 from profiler.experiments import records

@@ -154,8 +154,13 @@ def table_peak(name: str, dtype: torch.dtype) -> tuple[float, str] | None:
     return None
 
 
+def cache_dir() -> Path:
+    """Where measurements of this machine are kept between commands: $GLMPERF_CACHE, else ~/.cache/glmperf."""
+    return Path(os.environ.get("GLMPERF_CACHE") or "~/.cache/glmperf").expanduser()
+
+
 def _cache_file() -> Path:
-    return Path(os.environ.get("GLMPERF_CACHE") or "~/.cache/glmperf").expanduser() / "peak_flops.json"
+    return cache_dir() / "peak_flops.json"
 
 
 def peak_flops(device: torch.device | str, dtype: torch.dtype, *, budget_s: float = 0.5) -> tuple[float, str]:

@@ -238,6 +238,11 @@ class StepTimer(Instrument):
     def on_train_end(self, result: Any, error: BaseException | None) -> None:
         self.close()
 
+    def flush(self) -> None:
+        """Wait for the steps still pending on the device and write them, and go on timing (a probe
+        reads every step's row before it drives the next trainer)."""
+        self._emit(list(self._resolve(wait=True)))
+
     def close(self) -> None:
         """Wait for the steps still pending on the device and write them (train end only)."""
         rows: list[dict[str, Any]] = []

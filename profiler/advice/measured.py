@@ -1,0 +1,246 @@
+"""Expected gains measured, not modelled: each recommendation's change probed on the run's own model,
+shapes and machine (profiler.experiments.probes), its range recomputed from what the probe measured.
+
+A probe gives, per round, each side's time per token in every phase. A phase's ratio is the changed
+side's time over the baseline's; the expected step is Amdahl's law over the *run's* measured breakdown,
+new = sum of share_p x ratio_p, so a run whose time goes elsewhere (data, checkpoints) gains what its own
+breakdown allows. A phase the probe's baseline spends under MIN_PHASE of its step in keeps its share as
+it is (its ratio would be noise), and what one process cannot time (exposed communication) keeps the
+catalog's model, said in `modelled_parts`. The interval is a bootstrap over the probe's rounds, so its
+width is the probe's own noise. Memory: the change in bytes held across a step over the run's peak.
+
+Every expected range says where it comes from: `source` is "measured" (with the probe's rounds, cost
+and one-off cost) or "modelled" (the catalog's prior, scaled by the run's figures), and why a change
+was not probed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from optimizers import REGISTRY, Candidate
+from optimizers.vocabulary import Bottleneck
+from profiler.advice.diagnose import v
+from profiler.advice.recommend import COMPUTE_ASSUMED, effect_fraction, score_of, severities
+from profiler.analysis import RunData
+from profiler.analysis.figures import Figures
+from profiler.experiments.probes import Probe, ProbeError, Prober, cached, keep
+from profiler.metrics import PHASE_NAMES, lookup
+from profiler.settings import settings_text
+
+CONFIDENCE = 0.90
+RESAMPLES = 400
+MIN_PHASE = 0.02
+"""A phase under this share of the probe baseline's step keeps its ratio at 1."""
+MIN_GAIN = 2.0
+"""% tokens/s: an explored change (no rule fired) is recommended only when its measured interval's low
+end clears this."""
+ONE_PROCESS = ("switches.parallel.", "switches.ddp.")
+"""Changes of layout or communication: a probe in one process cannot measure them."""
+
+
+@dataclass(frozen=True)
+class ProbeBudget:
+    """How much probing a command may do: seconds in all, and per change."""
+
+    total_s: float = 120.0
+    per_change_s: float = 20.0
+
+
+def _shares(figures: Figures) -> dict[str, float]:
+    """The run's breakdown as fractions of its step (0 for a phase not measured)."""
+    return {p: (0.0 if math.isnan(s := v(figures, f"share.{p}")) else s / 100) for p in PHASE_NAMES}
+
+
+def _candidate(rec: Mapping[str, Any]) -> Candidate | None:
+    """The catalog's candidate a recommendation came from (its modelled effects), by switch and keys."""
+    opt = next((o for o in REGISTRY if o.name == rec["switch"]), None)
+    keys = set(rec["set"])
+    return next((c for c in opt.candidates if set(c.set) == keys), None) if opt is not None else None
+
+
+def _gain(ratios: Mapping[str, float], shares: Mapping[str, float]) -> float:
+    """% tokens/s from per-phase time ratios over the run's breakdown (Amdahl)."""
+    new = sum(shares[p] * ratios.get(p, 1.0) for p in shares)
+    total = sum(shares.values())
+    return 100 * (total / new - 1) if new > 0 else math.nan
+
+
+def _ratios(probe: Probe, rounds: Sequence[int], timed: Sequence[str]) -> dict[str, float]:
+    """Each timed phase's changed-over-baseline time: the median of the rounds' ratios (a stray slow step
+    moves it little), or, for a phase some rounds skip (a checkpoint every k steps), the ratio of sums."""
+    out = {}
+    for p in timed:
+        base = [probe.base[i][p] for i in rounds]
+        cand = [probe.cand[i][p] for i in rounds]
+        if all(b > 0 for b in base):
+            out[p] = statistics.median(c / b for b, c in zip(base, cand, strict=True))
+        else:
+            out[p] = sum(cand) / sum(base) if sum(base) > 0 else 1.0
+    return out
+
+
+def gain_from_probe(probe: Probe, figures: Figures, *, comm_ratio: tuple[float, float] = (1.0, 1.0)
+                    ) -> dict[str, float]:
+    """The expected tokens/s change: {"point", "low", "high"} in %, the interval a bootstrap over rounds.
+
+    `comm_ratio`: the (best, worst) ratio of the run's exposed communication as the catalog models it;
+    its spread widens the interval."""
+    shares = _shares(figures)
+    base_step = sum(sum(r.values()) for r in probe.base)
+    timed = [p for p in PHASE_NAMES if p != "comm" and sum(r[p] for r in probe.base) >= MIN_PHASE * base_step]
+    everything = list(range(probe.rounds))
+
+    def gain(rounds: Sequence[int], comm: float) -> float:
+        return _gain({**_ratios(probe, rounds, timed), "comm": comm}, shares)
+
+    middle = statistics.mean(comm_ratio)
+    point = gain(everything, middle)
+    rng = random.Random(0)
+    draws = sorted(gain([rng.randrange(probe.rounds) for _ in everything], middle) for _ in range(RESAMPLES))
+    tail = (1 - CONFIDENCE) / 2
+    return {"point": point, "low": draws[int(tail * RESAMPLES)] - (point - gain(everything, comm_ratio[1])),
+            "high": draws[int((1 - tail) * RESAMPLES) - 1] + (gain(everything, comm_ratio[0]) - point)}
+
+
+def _comm(candidate: Candidate | None, figures: Figures) -> tuple[tuple[float, float], bool]:
+    """The modelled ratio range of the run's exposed communication under the change, and whether the
+    change touches it at all."""
+    effects = [e for e in (candidate.effects if candidate else ()) if e.target == "comm"]
+    if not effects or not v(figures, "share.comm") > 0:
+        return (1.0, 1.0), False
+    low, high = effect_fraction(effects[0], figures)
+    sign = -1 if effects[0].change == "shrinks" else 1
+    return (1 + sign * high, 1 + sign * low) if sign < 0 else (1 + sign * low, 1 + sign * high), True
+
+
+def expected_from_probe(rec: Mapping[str, Any], probe: Probe, figures: Figures, *, was_cached: bool
+                        ) -> dict[str, Any]:
+    """A recommendation's `expected` from its probe: the modelled one's keys, `source` "measured", the
+    probe's own figures, and `modelled_parts` for what stays modelled (communication; memory a probe of
+    speed did not count)."""
+    modelled = rec["expected"]
+    comm, modelled_comm = _comm(_candidate(rec), figures)
+    tps = gain_from_probe(probe, figures, comm_ratio=comm)
+    out: dict[str, Any] = {"tokens_per_s": {"low": tps["low"], "high": tps["high"], "point": tps["point"],
+                                            "unit": "%", "confidence": CONFIDENCE}}
+    parts = ["comm"] if modelled_comm else []
+    peak = v(figures, "peak_memory")
+    basis = (f"probe: {probe.rounds} rounds side by side on {probe.machine} ({probe.threads} threads), step time "
+             f"per token x{statistics.median(probe.step_ratios()):.2f}, through this run's breakdown")
+    if probe.one_off_s >= 1:
+        basis += f"; a one-off {probe.one_off_s:.0f} s before the first step"
+    if probe.memory and peak > 0 and math.isfinite(probe.memory["base"]):
+        change = 100 * (probe.memory["cand"] - probe.memory["base"]) / (peak * 2**30)
+        out["peak_memory"] = {"low": change, "high": change, "unit": "%", "from_gib": peak,
+                              "to_gib": [peak * (1 + change / 100)] * 2}
+        basis += f"; held memory {change:+.1f}% of the run's peak ({probe.memory_kind})"
+    elif "peak_memory" in modelled:
+        out["peak_memory"] = modelled["peak_memory"]
+        parts.append("peak_memory")
+    if modelled_comm:
+        basis += "; exposed communication modelled (one process cannot measure it)"
+    out.update(basis=basis, source="measured", modelled_parts=parts,
+               probe={"rounds": probe.rounds, "cost_s": round(probe.cost_s, 1), "one_off_s": round(probe.one_off_s, 1),
+                      "cached": was_cached, "stopped": probe.stopped, "machine": probe.machine,
+                      "threads": probe.threads, "measured": probe.measured})
+    return out
+
+
+def why_not_probed(rec: Mapping[str, Any], run: RunData) -> str | None:
+    """Why a recommendation's change cannot be probed on this machine, or None."""
+    if rec.get("judged_by") == "stability":
+        return "judged by the stability events it prevents, not by a speed a probe can measure"
+    if any(k.startswith(ONE_PROCESS) for k in rec["set"]):
+        return "a change of layout or communication: one process cannot measure it"
+    layout = {d: lookup(run.config, f"switches.parallel.{d}") or 1 for d in ("fsdp", "tp", "pp")}
+    if any(int(ways) > 1 for ways in layout.values()):
+        return f"the run's layout ({', '.join(f'{d}={w}' for d, w in layout.items())}) needs its ranks"
+    if run.on_cuda and not torch.cuda.is_available():
+        return "the run ran on a GPU and this machine has none"
+    return None
+
+
+def _probe_one(prober: Prober, rec: Mapping[str, Any], budget_s: float,
+               progress: Callable[[str], None] | None) -> tuple[Probe | None, bool, str | None]:
+    """(the probe, whether it was cached, why there is none)."""
+    key = prober.key(rec["set"])
+    found = cached(key)
+    if found is not None:
+        return found, True, None
+    if budget_s <= 0:
+        return None, False, "the probe budget was spent (--probe-budget)"
+    if progress is not None:
+        progress(f"probing {settings_text(rec['set'])} (up to {budget_s:.0f} s)")
+    try:
+        found = prober.measure(rec["set"], budget_s=budget_s, memory=rec["judged_by"] == "peak_memory")
+    except ProbeError as exc:
+        return None, False, str(exc)
+    except Exception as exc:  # the change failed in a trainer: the advice stands, modelled
+        return None, False, f"the probe failed: {type(exc).__name__}: {exc}"
+    keep(key, found)
+    return found, False, None
+
+
+def _refusal(rec: Mapping[str, Any], explored: bool) -> str | None:
+    """Why a probed (or not probed) recommendation is dropped after all, or None."""
+    exp = rec["expected"]
+    if exp["source"] == "modelled":
+        if explored:
+            return f"no rule fired and no probe measured it ({exp.get('not_probed')})"
+        return None if rec["score"] > 0 else f"no expected gain on this run ({exp['basis']})"
+    if rec["judged_by"] != "tokens_per_s":
+        return None
+    tps = exp["tokens_per_s"]
+    floor = tps["low"] if explored else tps["point"]
+    if floor < (MIN_GAIN if explored else 0.0):
+        return (f"measured on this machine: tokens/s {tps['point']:+.1f}% [{tps['low']:+.1f}%, {tps['high']:+.1f}%] "
+                f"({exp['basis']})")
+    return None
+
+
+def probe_advice(run: RunData, advice: Mapping[str, Any], figures: Figures, budget: ProbeBudget, *,
+                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """`advice` with each recommendation's expected range measured where it can be, re-ranked by it.
+
+    Recommendations are probed best first (by their modelled score) until the budget is spent. A change
+    a probe measured slower is dropped to `excluded` with its figures; an explored advice (no rule fired)
+    keeps only the changes whose measured interval clears MIN_GAIN."""
+    explored = bool(advice.get("explored"))
+    severity = severities(COMPUTE_ASSUMED if explored else advice)
+    recs, excluded = [], list(advice["excluded"])
+    spent, measured, reused = 0.0, 0, 0
+    threads = int(run.rank(0).get("torch_threads") or 0) or None
+    with Prober(run.config, device=run.device, threads=threads) as prober:
+        for original in advice["recommendations"]:
+            rec = {**original, "expected": {**original["expected"], "source": "modelled"}}
+            reason = why_not_probed(rec, run)
+            found = None
+            if reason is None:
+                found, was_cached, reason = _probe_one(prober, rec, min(budget.per_change_s, budget.total_s - spent),
+                                                       progress)
+            if found is None:
+                rec["expected"]["not_probed"] = reason
+            else:
+                reused += was_cached
+                spent, measured = spent + (0.0 if was_cached else found.cost_s), measured + (not was_cached)
+                rec["expected"] = expected_from_probe(rec, found, figures, was_cached=was_cached)
+                kinds = [Bottleneck[k.upper()] for k in rec["addresses"]]
+                rec["score"] = score_of(kinds, severity, rec["expected"])[0]
+            refused = _refusal(rec, explored)
+            if refused:
+                excluded.append({"switch": rec["switch"], "set": rec["set"], "reason": refused})
+                continue
+            if explored:
+                rec["notes"] = [*rec["notes"], "no rule fired on this run: a probe measured this gain on this machine"]
+            recs.append(rec)
+    recs.sort(key=lambda r: r["score"], reverse=True)
+    return {**advice, "recommendations": recs, "excluded": excluded,
+            "probes": {"budget_s": budget.total_s, "spent_s": round(spent, 1), "measured": measured, "cached": reused}}
