@@ -8,10 +8,12 @@ taken mid-run). Tests must not modify them: copy a fixture's directory first (`c
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +30,10 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     # a suite started as a background job inherits SIGINT ignored, and so would every run it starts:
     # the Ctrl-C tests would then test nothing; a handler (not SIG_IGN) is reset to default in children
     signal.signal(signal.SIGINT, signal.default_int_handler)
+if "GLMPERF_CACHE" not in os.environ:
+    # the session's own cache (calibrated peaks, probes), shared by the runs and commands it starts, so a
+    # test never reads what an earlier session or the user's own commands measured
+    os.environ["GLMPERF_CACHE"] = tempfile.mkdtemp(prefix="glmperf-test-cache-")
 TINY = ["data.corpus=synthetic", "data.seq_len=32", "train.batch_size=4", "profile.trace_window=[1, 1, 2]",
         "profile.sample_hz=20", "profile.flush_interval_s=0.2", "profile.warmup_steps=1"]
 """Overrides that make a `tiny` run take a second or two and flush often."""

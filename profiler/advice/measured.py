@@ -42,6 +42,10 @@ MIN_PHASE = 0.02
 MIN_GAIN = 2.0
 """% tokens/s: an explored change (no rule fired) is recommended only when its measured interval's low
 end clears this."""
+MIN_PROBE_S = 3.0
+"""Budget left below which no new probe starts (it could not finish its minimum rounds)."""
+DEAREST = ("switches.compile.",)
+"""Changes probed last: compiling alone can take longer than every other probe together."""
 ONE_PROCESS = ("switches.parallel.", "switches.ddp.")
 """Changes of layout or communication: a probe in one process cannot measure them."""
 
@@ -175,7 +179,7 @@ def _probe_one(prober: Prober, rec: Mapping[str, Any], budget_s: float,
     found = cached(key)
     if found is not None:
         return found, True, None
-    if budget_s <= 0:
+    if budget_s < MIN_PROBE_S:
         return None, False, "the probe budget was spent (--probe-budget)"
     if progress is not None:
         progress(f"probing {settings_text(rec['set'])} (up to {budget_s:.0f} s)")
@@ -219,7 +223,8 @@ def probe_advice(run: RunData, advice: Mapping[str, Any], figures: Figures, budg
     spent, measured, reused = 0.0, 0, 0
     threads = int(run.rank(0).get("torch_threads") or 0) or None
     with Prober(run.config, device=run.device, threads=threads) as prober:
-        for original in advice["recommendations"]:
+        order = sorted(advice["recommendations"], key=lambda r: any(k.startswith(DEAREST) for k in r["set"]))
+        for original in order:
             rec = {**original, "expected": {**original["expected"], "source": "modelled"}}
             reason = why_not_probed(rec, run)
             found = None
