@@ -22,6 +22,7 @@ import torch
 from benchmarks.common import header, mode_label, table, write_result
 from benchmarks.diagnosis_scenarios import SCENARIOS, Scenario
 from profiler.advice.advise import advise
+from profiler.advice.measured import ProbeBudget
 from profiler.analysis import load_run
 from profiler.config import load_config
 from profiler.experiments.batch import Cell, run_cells
@@ -38,15 +39,15 @@ def _expected(rec: dict[str, Any]) -> tuple[float, float] | None:
     return None
 
 
-def verify(scenario: Scenario, runs_dir: Path, repeats: int, steps: int) -> list[object]:
+def verify(scenario: Scenario, runs_dir: Path, repeats: int, steps: int, probe_budget: float) -> list[object]:
     cfg = load_config(preset=scenario.preset, overrides=[*scenario.overrides, f"train.steps={steps}"],
                       nproc=scenario.nproc)
     ((_, run_dir),) = run_cells([Cell(scenario.name, cfg, nproc=scenario.nproc)], runs_dir=runs_dir, progress=False)
     run = load_run(run_dir)
-    advice = advise(run)
+    advice = advise(run, probes=ProbeBudget(total_s=probe_budget) if probe_budget > 0 else None)
     first = advice["bottlenecks"][0]["kind"] if advice["bottlenecks"] else "none"
     if not advice["recommendations"]:
-        return [scenario.name, first, "no recommendation", "", "", "", ""]
+        return [scenario.name, first, "no recommendation", "", "", "", "", "", ""]
     verification = run_verification(run, advice, top=1, repeats=repeats, steps=steps, runs_dir=runs_dir,
                                     progress=False)
     (result,) = verification["results"]
@@ -60,7 +61,10 @@ def verify(scenario: Scenario, runs_dir: Path, repeats: int, steps: int) -> list
     inside = "n/a" if expected is None or "change_pct" not in m else \
         "yes" if expected[0] <= m["change_pct"] <= expected[1] else "no"
     exp_text = "steadier training" if expected is None else f"{expected[0]:+.0f}% to {expected[1]:+.0f}%"
-    return [scenario.name, first, change, exp_text, measured, result["verdict"], inside]
+    probe = (result["expected"] or {}).get("probe")
+    source = (result["expected"] or {}).get("source", "modelled") if expected is not None else ""
+    cost = f"{probe['cost_s']:.0f} s" if probe else ""
+    return [scenario.name, first, change, exp_text, source, cost, measured, result["verdict"], inside]
 
 
 def main() -> None:
@@ -69,6 +73,8 @@ def main() -> None:
     p.add_argument("--steps", type=int)
     p.add_argument("--only", nargs="*", help="scenario names (default: all this machine can induce)")
     p.add_argument("--quick", action="store_true", help="2 repeats of 16 steps")
+    p.add_argument("--probe-budget", type=float, default=120.0,
+                   help="seconds of what-if probes per scenario, as `glmperf recommend` (0: modelled ranges)")
     args = p.parse_args()
     mode = mode_label(args, ["repeats", "steps", "only"])
     repeats = args.repeats or (2 if args.quick else 3)
@@ -81,13 +87,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for s in chosen:
             print(f"verifying: {s.name}", flush=True)
-            rows.append(verify(s, Path(tmp), repeats, steps))
+            rows.append(verify(s, Path(tmp), repeats, steps, args.probe_budget))
     inside = [r for r in rows if r[-1] in ("yes", "no")]
     text = header("Verified recommendations across the diagnosis scenarios") + (
         f"- mode: {mode}\n- each: the scenario's run, then `glmperf recommend RUN --verify --top 1 --repeats "
-        f"{repeats} --steps {steps}` (fresh baseline and candidate interleaved, 99% intervals)\n\n")
-    text += table(["scenario", "diagnosed first", "top recommendation", "expected", "measured [interval]",
-                   "verdict", "inside"], rows)
+        f"{repeats} --steps {steps} --probe-budget {args.probe_budget:g}` (the expected range probed on this "
+        "machine where a probe can measure it; fresh baseline and candidate interleaved, 99% intervals)\n\n")
+    text += table(["scenario", "diagnosed first", "top recommendation", "expected", "source", "probe cost",
+                   "measured [interval]", "verdict", "inside"], rows)
     text += f"\n\nMeasured inside the expected range: {sum(r[-1] == 'yes' for r in inside)} of {len(inside)}.\n"
     skipped = [f"- {s.name}: {s.skip}" for s in SCENARIOS if s.skip]
     if skipped:
