@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/profile-run --config configs/small.yaml
+	$(VENV)/bin/glmperf recommend small --probe-budget 60
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -28,7 +28,7 @@ import torch
 from optimizers import REGISTRY, Candidate
 from optimizers.vocabulary import Bottleneck
 from profiler.advice.diagnose import v
-from profiler.advice.recommend import COMPUTE_ASSUMED, effect_fraction, score_of, severities
+from profiler.advice.recommend import SPEED_ASSUMED, effect_fraction, score_of, severities
 from profiler.analysis import RunData
 from profiler.analysis.figures import Figures
 from profiler.experiments.probes import Probe, ProbeError, Prober, cached, keep
@@ -55,7 +55,7 @@ class ProbeBudget:
     """How much probing a command may do: seconds in all, and per change."""
 
     total_s: float = 120.0
-    per_change_s: float = 20.0
+    per_change_s: float = 15.0
 
 
 def _shares(figures: Figures) -> dict[str, float]:
@@ -218,7 +218,7 @@ def probe_advice(run: RunData, advice: Mapping[str, Any], figures: Figures, budg
     a probe measured slower is dropped to `excluded` with its figures; an explored advice (no rule fired)
     keeps only the changes whose measured interval clears MIN_GAIN."""
     explored = bool(advice.get("explored"))
-    severity = severities(COMPUTE_ASSUMED if explored else advice)
+    severity = severities(SPEED_ASSUMED if explored else advice)
     recs, excluded = [], list(advice["excluded"])
     spent, measured, reused = 0.0, 0, 0
     threads = int(run.rank(0).get("torch_threads") or 0) or None

@@ -276,14 +276,22 @@ def _exclusion(opt: Optimization, candidate: Candidate, cfg: Any, run: RunData,
 
 COMPUTE_ASSUMED = {"bottlenecks": [{"kind": str(Bottleneck.COMPUTE_BOUND), "severity": 1.0}]}
 """The diagnosis `explore` ranks changes against: the step taken as compute bound."""
+SPEED_ASSUMED = {"bottlenecks": [{"kind": str(k), "severity": 1.0} for k in Bottleneck
+                                 if k not in MEMORY_KINDS | NO_SPEED_METRIC]}
+"""What `explore` ranks changes against when each is probed: every bottleneck a speed change can
+relieve, so a careful engineer's list (fused optimizer, loader workers, ...) is tried, not only compute's."""
 
 
 def explore(run: RunData, figures: Figures | None = None, *, allow_model_changes: bool = False,
             top: int | None = None, probing: bool = False) -> dict[str, Any]:
     """What could still speed up a run, whatever its diagnosis: the changes that make its compute
     faster, ranked by expected gain as if the step were compute bound (for `glmperf tune`, which
-    verifies each before adopting it)."""
+    verifies each before adopting it). `probing`: every speed change the run can take, since a probe
+    will measure which pay; never one that changes the optimization itself (the global batch, the
+    schedule), which a speed gain does not justify."""
     figures = analyze(run) if figures is None else figures
-    return recommend(run, figures, COMPUTE_ASSUMED, allow_model_changes=allow_model_changes, top=top,
-                     probing=probing)
-
+    assumed = SPEED_ASSUMED if probing else COMPUTE_ASSUMED
+    advice = recommend(run, figures, assumed, allow_model_changes=allow_model_changes, probing=probing)
+    kept = [{**r, "for": str(Bottleneck.COMPUTE_BOUND) if str(Bottleneck.COMPUTE_BOUND) in r["addresses"]
+             else r["addresses"][0]} for r in advice["recommendations"] if r["risk"] != "convergence"]
+    return {**advice, "recommendations": kept[:top] if top else kept}
