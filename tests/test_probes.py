@@ -128,7 +128,8 @@ def test_a_change_a_probe_measured_slower_is_dropped_with_its_figures(completed_
     advice = advise(run, probes=ProbeBudget(total_s=0.0))  # the cache only: nothing new is measured
     assert modelled["set"] not in [r["set"] for r in advice["recommendations"]]
     (dropped,) = [e for e in advice["excluded"] if e["set"] == modelled["set"]]
-    assert dropped["reason"].startswith("measured on this machine: tokens/s -") and "probe: 8 rounds" in dropped["reason"]
+    assert dropped["reason"].startswith("measured on this machine: tokens/s -")
+    assert "probe: 8 rounds" in dropped["reason"]
     assert advice["probes"] == {"budget_s": 0.0, "spent_s": 0.0, "measured": 0, "cached": 1}
 
 
@@ -144,3 +145,20 @@ def test_a_change_a_probe_cannot_measure_says_why_it_stays_modelled(tmp_path: Pa
     assert "(modelled)" in out.stdout and "(measured)" not in out.stdout
     assert f"`glmperf recommend {store.list_runs(runs)[0]['id']}` measures them on this machine" in out.stdout
     assert not (tmp_path / "cache" / "probes").exists() or not os.listdir(tmp_path / "cache" / "probes")
+
+
+def test_a_probed_bf16_gain_agrees_with_its_verification(fp32_small_no_trace: Path) -> None:
+    runs = fp32_small_no_trace
+    advice = json.loads(glmperf("recommend", "plain", "--runs-dir", str(runs), "--json", "--probe-budget", "30").stdout)
+    bf16 = [r for r in advice["recommendations"] if r["set"] == {"switches.amp.dtype": "bf16"}]
+    if not bf16:
+        pytest.skip("this CPU has no native bf16: nothing to verify")
+    probed = bf16[0]["expected"]["tokens_per_s"]
+    out = glmperf("recommend", "plain", "--runs-dir", str(runs), "--json", "--probe-budget", "30", "--verify",
+                  "--top", "1", "--repeats", "2", "--steps", "10", "--no-progress")
+    assert out.returncode == 0, out.stderr
+    (result,) = json.loads(out.stdout)["verification"]["results"]
+    assert result["set"] == bf16[0]["set"]
+    m = result["measured"]
+    # the verification's interval and the probe's overlap: the probe measured what rerunning measures
+    assert m["low_pct"] <= probed["high"] and probed["low"] <= m["high_pct"], (probed, m)
