@@ -18,6 +18,7 @@ from typing import Any
 
 from optimizers.vocabulary import Bottleneck
 from profiler.analysis.figures import Figures, known
+from profiler.analysis.stability import MIN_STEPS, RISE_Z
 from profiler.metrics import PHASES
 from profiler.traces.collectives import KINDS as COLLECTIVES
 
@@ -49,6 +50,8 @@ class Rule:
     """The reason the rule cannot judge this run, or None."""
     also: tuple[str, ...] = ()
     """Figures cited as evidence when the run has them, not required."""
+    unjudged: Callable[[Figures], str | None] = field(default=lambda f: None)
+    """What part of the rule could not judge this run, or None; listed as skipped when the rule does not fire."""
 
     @property
     def id(self) -> str:
@@ -159,23 +162,51 @@ def _host_message(f: Figures) -> str:
             "calls a step): the step is framework overhead, not arithmetic")
 
 
+def rising(f: Figures) -> bool:
+    """The loss rose beyond its own noise (profiler.analysis.stability: last third against first third
+    of the counted steps, over RISE_Z standard errors); False where it was not judged (too few steps)."""
+    return known(f, "loss_rise", "loss_rise_bound") and v(f, "loss_rise") > v(f, "loss_rise_bound")
+
+
 def _unstable(f: Figures) -> float:
+    """1 with a non-finite value; else the share of counted steps affected: skipped, spiked, with an
+    outlying grad norm, or (when the loss rose beyond its noise) above the first third's loss plus the bound."""
     if v(f, "non_finite") > 0:
         return 1.0  # the run trained on NaN/Inf or stopped: nothing else it measured counts
     steps = max(v(f, "steps_counted"), 1.0)
-    affected = sum(0.0 if math.isnan(v(f, n)) else v(f, n) for n in ("skipped_steps", "loss_spikes",
-                                                                       "grad_norm_outliers"))
-    diverging = v(f, "loss_change") > 0  # NaN (a non-finite loss) is caught above
-    return max(min(1.0, affected / steps), 0.5 if diverging else 0.0)
+    counts = ("skipped_steps", "loss_spikes", "grad_norm_outliers", *(("risen_steps",) if rising(f) else ()))
+    affected = sum(0.0 if math.isnan(v(f, n)) else v(f, n) for n in counts)
+    return min(1.0, affected / steps)
+
+
+def _rise_text(f: Figures) -> str:
+    steps = v(f, "loss_steps")
+    if not known(f, "loss_rise", "loss_rise_bound"):
+        return f"loss rise not judged: {0 if math.isnan(steps) else steps:.0f} counted step(s), fewer than {MIN_STEPS}"
+    noise = f"bound {v(f, 'loss_rise_bound'):.2f}%: {RISE_Z:g} standard errors from step-to-step differences"
+    change = f"loss {v(f, 'loss_rise'):+.2f}% from the first to the last third of {steps:.0f} counted steps"
+    if rising(f):
+        return f"{change}, beyond its noise ({noise}): {v(f, 'risen_steps'):.0f} step(s) above it"
+    return f"{change}: no rise beyond its noise ({noise})"
+
+
+def _unstable_unjudged(f: Figures) -> str | None:
+    if known(f, "loss_rise", "loss_rise_bound"):
+        return None
+    return f"{_rise_text(f)} (non-finite values, skipped steps, spikes and grad-norm outliers were checked)"
 
 
 RULES: tuple[Rule, ...] = (
     Rule(Bottleneck.UNSTABLE, "any non-finite loss or gradient, skipped step, loss spike or grad-norm outlier, "
-         "or a loss that rose", ("non_finite", "steps_counted"), _unstable,
+         f"or a loss whose last third's mean is above its first third's by more than {RISE_Z:g} standard errors "
+         f"(from step-to-step differences), judged over >= {MIN_STEPS} counted steps",
+         ("non_finite", "steps_counted"), _unstable,
          lambda f: f"{v(f, 'non_finite'):.0f} non-finite event(s), {v(f, 'skipped_steps'):.0f} skipped step(s), "
                    f"{v(f, 'loss_spikes'):.0f} spike(s), {v(f, 'grad_norm_outliers'):.0f} grad-norm outlier(s); "
-                   f"loss changed {v(f, 'loss_change'):+.1f}%",
-         also=("skipped_steps", "loss_spikes", "grad_norm_outliers", "loss_change")),
+                   + _rise_text(f),
+         unjudged=_unstable_unjudged,
+         also=("skipped_steps", "loss_spikes", "grad_norm_outliers", "loss_steps", "loss_rise", "loss_rise_bound",
+               "risen_steps")),
     Rule(Bottleneck.MEMORY_BOUND, f"peak memory > {MEMORY_USE:g}% of the capacity",
          ("memory_use", "peak_memory", "memory_capacity"),
          lambda f: min(1.0, v(f, "memory_use") / 100) if v(f, "memory_use") > MEMORY_USE else 0.0,
@@ -271,7 +302,7 @@ def _judge(rule: Rule, figures: Figures) -> tuple[Finding | None, str | None]:
         return None, reason
     severity = rule.severity(figures)
     if not severity > 0:
-        return None, None
+        return None, rule.unjudged(figures)
     return Finding(rule.kind, float(severity), _evidence(rule, figures), rule.threshold, rule.id,
                    rule.message(figures)), None
 
