@@ -1,20 +1,35 @@
-"""The diagnosis does not read noise as a finding: a loss that only fluctuates is not `unstable`.
+"""The diagnosis does not read noise as a finding: a loss that only fluctuates is not `unstable`, and a
+run made while other processes kept the CPU busy is said to be not representative instead of
+`compute_bound`.
 
-The real runs are `tiny` runs with one torch thread (`profile-run` subprocesses, as the scenarios').
+The real runs are `tiny` runs with one torch thread (`profile-run` subprocesses, as the scenarios',
+or in this process for the busy one, whose hook starts busy loops once training has started), so
+a neighbour on the machine that keeps one core busy takes nothing from them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from benchmarks.diagnosis_scenarios import Scenario, run
+from profiler import store
 from profiler.advice import diagnose as d
 from profiler.analysis import analyze, load_run, stability
+from profiler.capture.run import profile_run
+from profiler.config import load_config
+from reference_model.hooks import StepRecord, TrainerHook
 from tests.test_diagnose_rules import figures
 
 EPS = 1e-6
@@ -103,3 +118,98 @@ def test_the_reported_six_step_run_is_not_unstable() -> None:
     assert result["bottlenecks"] == []
     assert {"rule": "unstable", "reason": "loss rise not judged: 6 counted step(s), fewer than 12 (non-finite "
             "values, skipped steps, spikes and grad-norm outliers were checked)"} in result["skipped"]
+
+
+# -- a run on a busy machine -------------------------------------------------------------------------
+
+
+class BusyLoops(TrainerHook):
+    """`n` busy loops beside the training, from the end of its first step to the end of its last: the
+    steps are measured on a busy machine, the start and the end of the run (imports, peaks) are not.
+
+    Each loop is left by the shell that started it (its parent is then init, not this process): the
+    sampler counts this process's children as the run's own loader workers."""
+
+    def __init__(self, n: int, last_step: int) -> None:
+        self.n, self.last_step, self.pids = n, last_step, list[int]()
+
+    def on_step_end(self, record: StepRecord) -> None:
+        if record.step == 0:
+            loop = f"{shlex.quote(sys.executable)} -c 'while True: pass' >/dev/null 2>&1 & echo $!"
+            self.pids = [int(subprocess.run(["sh", "-c", loop], capture_output=True, text=True, check=True).stdout)
+                         for _ in range(self.n)]
+        if record.step == self.last_step:
+            self.stop()
+
+    def stop(self) -> None:
+        for pid in self.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.pids = []
+
+
+def _one_thread_run(tmp_path: Path, *hooks: TrainerHook) -> Path:
+    """`tiny` as shipped on random tokens, 60 steps, in this process with one torch thread, the CPU
+    sampled at 20 Hz. Quiet, its MFU is near 30%; beside busy loops the old diagnosis read it as
+    compute_bound."""
+    cfg = load_config(preset="tiny", overrides=["data.corpus=synthetic", "train.steps=60", "profile.trace=false",
+                                                "profile.sample_hz=20"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return profile_run(cfg, runs_dir=tmp_path, nproc=1, progress=False, hooks=hooks)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_a_run_beside_busy_loops_is_not_representative_nor_compute_bound(tmp_path: Path) -> None:
+    """Three busy loops per core: the run's one thread shares a core with three of them: about a quarter of it."""
+    cores = len(os.sched_getaffinity(0))
+    loops = BusyLoops(3 * cores, last_step=59)
+    try:
+        run_dir = _one_thread_run(tmp_path, loops)
+    finally:
+        loops.stop()
+    diagnosis, f = store.read_run(run_dir)["diagnosis"], analyze(load_run(run_dir))
+    assert "compute_bound" not in [b["kind"] for b in diagnosis["bottlenecks"]], diagnosis["verdict"]
+    assert diagnosis["representative"] is False, f["cpu_contention"]
+    assert f["cpu_contention"].value >= d.BUSY_MACHINE and f["other_cpu_busy"].value > cores / 2
+    assert diagnosis["not_representative"].startswith(f"other processes kept {f['other_cpu_busy'].value:.1f} of "
+                                                      f"{cores} cores busy during the run")
+    assert diagnosis["verdict"].startswith(f"not representative: {diagnosis['not_representative']}. ")
+    assert any(s["rule"] == "compute_bound" and "not representative" in s["reason"] for s in diagnosis["skipped"])
+
+
+@pytest.mark.slow
+def test_a_run_on_a_quiet_machine_is_representative(tmp_path: Path) -> None:
+    """The same run without the loops (a neighbour keeping one core busy takes the core it left free)."""
+    run_dir = _one_thread_run(tmp_path)
+    diagnosis, f = store.read_run(run_dir)["diagnosis"], analyze(load_run(run_dir))
+    assert diagnosis["representative"] is True, f["cpu_contention"]
+    assert "not_representative" not in diagnosis
+    assert f["cpu_contention"].value < d.BUSY_MACHINE
+    assert not diagnosis["verdict"].startswith("not representative")
+
+
+def test_busy_from_the_threshold_on_and_compute_bound_only_when_representative() -> None:
+    busy = {"cpu_contention": d.BUSY_MACHINE, "other_cpu_busy": 1.6, "cores": 2.0, "thread_demand": 1.0,
+            "step_spread": 2.4, "mfu": 4.5}
+    quiet = d.diagnose(figures(**{**busy, "cpu_contention": d.BUSY_MACHINE - EPS}))
+    assert quiet["representative"] is True and "not_representative" not in quiet
+    assert [b["kind"] for b in quiet["bottlenecks"]] == ["compute_bound"]
+    result = d.diagnose(figures(**busy))
+    line = ("other processes kept 1.6 of 2 cores busy during the run, 50% of the CPU its threads wanted; "
+            "step p90 is 2.4x p50: rerun on a quiet machine")
+    assert result["representative"] is False and result["not_representative"] == line
+    assert result["bottlenecks"] == []
+    assert result["verdict"] == (f"not representative: {line}. no bottleneck found: the biggest phase is backward "
+                                 "(60% of the step)")
+    # a finding of its own still shows, after the warning
+    assert d.diagnose(figures(**busy, data_wait=50.0))["verdict"].startswith(f"not representative: {line}. "
+                                                                             "input_bound: ")
+
+
+def test_a_run_without_cpu_samples_is_representative() -> None:
+    result = d.diagnose(figures(mfu=4.5, other_cpu_busy=math.nan))
+    assert result["representative"] is True and [b["kind"] for b in result["bottlenecks"]] == ["compute_bound"]

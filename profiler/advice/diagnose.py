@@ -87,6 +87,8 @@ STRAGGLER_RATIO = 1.2  # x slowest rank's median step over the median rank's (ou
 OVERSUBSCRIPTION = 0.5  # threads beyond the cores (SageMaker Dataloader rule: workers vs cores); other
 # processes' load is evidence, not a trigger: a shared runner's neighbours are not the run's setup
 THROTTLED_SHARE = 10.0  # % of samples with a power or thermal clocks-event reason (ours)
+BUSY_MACHINE = 50.0  # % of the CPU the run's threads wanted that other processes took (ours): the run could have
+# run up to 2x faster on a quiet machine, so its timings are not its setup's
 
 
 def _low_precision_gain(f: Figures) -> float:
@@ -307,8 +309,18 @@ def _judge(rule: Rule, figures: Figures) -> tuple[Finding | None, str | None]:
                    rule.message(figures)), None
 
 
+def not_representative(f: Figures) -> str | None:
+    """Why the run's timings do not represent its setup (other processes took much of its CPU), or None."""
+    if not v(f, "cpu_contention") >= BUSY_MACHINE:  # NaN (not measured: no CPU samples) is representative
+        return None
+    spread = f"; step p90 is {v(f, 'step_spread'):.1f}x p50" if known(f, "step_spread") else ""
+    return (f"other processes kept {_others(f):.1f} of {v(f, 'cores'):.0f} cores busy during the run, "
+            f"{v(f, 'cpu_contention'):.0f}% of the CPU its threads wanted{spread}: rerun on a quiet machine")
+
+
 def diagnose(figures: Figures) -> dict[str, Any]:
-    """{"bottlenecks": [finding, ...] by severity, "skipped": [{rule, reason}], "verdict": str}."""
+    """{"bottlenecks": [finding, ...] by severity, "skipped": [{rule, reason}], "verdict": str,
+    "representative": bool, and "not_representative": why, where it is not}."""
     found, skipped = [], []
     for rule in RULES:
         finding, reason = _judge(rule, figures)
@@ -316,15 +328,26 @@ def diagnose(figures: Figures) -> dict[str, Any]:
             found.append(finding)
         elif reason is not None:
             skipped.append({"rule": rule.id, "reason": reason})
-    if not found:
+    busy = not_representative(figures)
+    if not found and busy is not None:  # low MFU on a machine others kept busy says nothing of the model
+        skipped.append({"rule": COMPUTE_RULE.id, "reason": f"the run is not representative: {busy}"})
+    elif not found:
         finding, _ = _judge(COMPUTE_RULE, figures)
         found += [finding] if finding is not None else []
     found.sort(key=lambda x: x.severity, reverse=True)
-    return {"bottlenecks": [x.as_dict() for x in found], "skipped": skipped, "verdict": verdict(found, figures)}
+    result = {"bottlenecks": [x.as_dict() for x in found], "skipped": skipped,
+              "verdict": verdict(found, figures), "representative": busy is None}
+    return result if busy is None else {**result, "not_representative": busy}
 
 
 def verdict(found: list[Finding], figures: Figures) -> str:
-    """One line for people: the top bottleneck, or that none was found and where the time goes."""
+    """One line for people: the top bottleneck, or that none was found and where the time goes; first
+    that the run is not representative, where it is not."""
+    busy = not_representative(figures)
+    return (f"not representative: {busy}. " if busy else "") + _finding_or_phase(found, figures)
+
+
+def _finding_or_phase(found: list[Finding], figures: Figures) -> str:
     if found:
         top = found[0]
         return f"{top.kind}: {top.message}"
