@@ -18,6 +18,7 @@ from typing import Any
 
 from optimizers.vocabulary import Bottleneck
 from profiler.analysis.figures import Figures, known
+from profiler.analysis.stability import MIN_STEPS, RISE_Z
 from profiler.metrics import PHASES
 from profiler.traces.collectives import KINDS as COLLECTIVES
 
@@ -49,6 +50,8 @@ class Rule:
     """The reason the rule cannot judge this run, or None."""
     also: tuple[str, ...] = ()
     """Figures cited as evidence when the run has them, not required."""
+    unjudged: Callable[[Figures], str | None] = field(default=lambda f: None)
+    """What part of the rule could not judge this run, or None; listed as skipped when the rule does not fire."""
 
     @property
     def id(self) -> str:
@@ -84,6 +87,8 @@ STRAGGLER_RATIO = 1.2  # x slowest rank's median step over the median rank's (ou
 OVERSUBSCRIPTION = 0.5  # threads beyond the cores (SageMaker Dataloader rule: workers vs cores); other
 # processes' load is evidence, not a trigger: a shared runner's neighbours are not the run's setup
 THROTTLED_SHARE = 10.0  # % of samples with a power or thermal clocks-event reason (ours)
+BUSY_MACHINE = 50.0  # % of the CPU the run's threads wanted that other processes took (ours): the run could have
+# run up to 2x faster on a quiet machine, so its timings are not its setup's
 
 
 def _low_precision_gain(f: Figures) -> float:
@@ -159,23 +164,51 @@ def _host_message(f: Figures) -> str:
             "calls a step): the step is framework overhead, not arithmetic")
 
 
+def rising(f: Figures) -> bool:
+    """The loss rose beyond its own noise (profiler.analysis.stability: last third against first third
+    of the counted steps, over RISE_Z standard errors); False where it was not judged (too few steps)."""
+    return known(f, "loss_rise", "loss_rise_bound") and v(f, "loss_rise") > v(f, "loss_rise_bound")
+
+
 def _unstable(f: Figures) -> float:
+    """1 with a non-finite value; else the share of counted steps affected: skipped, spiked, with an
+    outlying grad norm, or (when the loss rose beyond its noise) above the first third's loss plus the bound."""
     if v(f, "non_finite") > 0:
         return 1.0  # the run trained on NaN/Inf or stopped: nothing else it measured counts
     steps = max(v(f, "steps_counted"), 1.0)
-    affected = sum(0.0 if math.isnan(v(f, n)) else v(f, n) for n in ("skipped_steps", "loss_spikes",
-                                                                       "grad_norm_outliers"))
-    diverging = v(f, "loss_change") > 0  # NaN (a non-finite loss) is caught above
-    return max(min(1.0, affected / steps), 0.5 if diverging else 0.0)
+    counts = ("skipped_steps", "loss_spikes", "grad_norm_outliers", *(("risen_steps",) if rising(f) else ()))
+    affected = sum(0.0 if math.isnan(v(f, n)) else v(f, n) for n in counts)
+    return min(1.0, affected / steps)
+
+
+def _rise_text(f: Figures) -> str:
+    steps = v(f, "loss_steps")
+    if not known(f, "loss_rise", "loss_rise_bound"):
+        return f"loss rise not judged: {0 if math.isnan(steps) else steps:.0f} counted step(s), fewer than {MIN_STEPS}"
+    noise = f"bound {v(f, 'loss_rise_bound'):.2f}%: {RISE_Z:g} standard errors from step-to-step differences"
+    change = f"loss {v(f, 'loss_rise'):+.2f}% from the first to the last third of {steps:.0f} counted steps"
+    if rising(f):
+        return f"{change}, beyond its noise ({noise}): {v(f, 'risen_steps'):.0f} step(s) above it"
+    return f"{change}: no rise beyond its noise ({noise})"
+
+
+def _unstable_unjudged(f: Figures) -> str | None:
+    if known(f, "loss_rise", "loss_rise_bound"):
+        return None
+    return f"{_rise_text(f)} (non-finite values, skipped steps, spikes and grad-norm outliers were checked)"
 
 
 RULES: tuple[Rule, ...] = (
     Rule(Bottleneck.UNSTABLE, "any non-finite loss or gradient, skipped step, loss spike or grad-norm outlier, "
-         "or a loss that rose", ("non_finite", "steps_counted"), _unstable,
+         f"or a loss whose last third's mean is above its first third's by more than {RISE_Z:g} standard errors "
+         f"(from step-to-step differences), judged over >= {MIN_STEPS} counted steps",
+         ("non_finite", "steps_counted"), _unstable,
          lambda f: f"{v(f, 'non_finite'):.0f} non-finite event(s), {v(f, 'skipped_steps'):.0f} skipped step(s), "
                    f"{v(f, 'loss_spikes'):.0f} spike(s), {v(f, 'grad_norm_outliers'):.0f} grad-norm outlier(s); "
-                   f"loss changed {v(f, 'loss_change'):+.1f}%",
-         also=("skipped_steps", "loss_spikes", "grad_norm_outliers", "loss_change")),
+                   + _rise_text(f),
+         unjudged=_unstable_unjudged,
+         also=("skipped_steps", "loss_spikes", "grad_norm_outliers", "loss_steps", "loss_rise", "loss_rise_bound",
+               "risen_steps")),
     Rule(Bottleneck.MEMORY_BOUND, f"peak memory > {MEMORY_USE:g}% of the capacity",
          ("memory_use", "peak_memory", "memory_capacity"),
          lambda f: min(1.0, v(f, "memory_use") / 100) if v(f, "memory_use") > MEMORY_USE else 0.0,
@@ -271,13 +304,23 @@ def _judge(rule: Rule, figures: Figures) -> tuple[Finding | None, str | None]:
         return None, reason
     severity = rule.severity(figures)
     if not severity > 0:
-        return None, None
+        return None, rule.unjudged(figures)
     return Finding(rule.kind, float(severity), _evidence(rule, figures), rule.threshold, rule.id,
                    rule.message(figures)), None
 
 
+def not_representative(f: Figures) -> str | None:
+    """Why the run's timings do not represent its setup (other processes took much of its CPU), or None."""
+    if not v(f, "cpu_contention") >= BUSY_MACHINE:  # NaN (not measured: no CPU samples) is representative
+        return None
+    spread = f"; step p90 is {v(f, 'step_spread'):.1f}x p50" if known(f, "step_spread") else ""
+    return (f"other processes kept {_others(f):.1f} of {v(f, 'cores'):.0f} cores busy during the run, "
+            f"{v(f, 'cpu_contention'):.0f}% of the CPU its threads wanted{spread}: rerun on a quiet machine")
+
+
 def diagnose(figures: Figures) -> dict[str, Any]:
-    """{"bottlenecks": [finding, ...] by severity, "skipped": [{rule, reason}], "verdict": str}."""
+    """{"bottlenecks": [finding, ...] by severity, "skipped": [{rule, reason}], "verdict": str,
+    "representative": bool, and "not_representative": why, where it is not}."""
     found, skipped = [], []
     for rule in RULES:
         finding, reason = _judge(rule, figures)
@@ -285,15 +328,26 @@ def diagnose(figures: Figures) -> dict[str, Any]:
             found.append(finding)
         elif reason is not None:
             skipped.append({"rule": rule.id, "reason": reason})
-    if not found:
+    busy = not_representative(figures)
+    if not found and busy is not None:  # low MFU on a machine others kept busy says nothing of the model
+        skipped.append({"rule": COMPUTE_RULE.id, "reason": f"the run is not representative: {busy}"})
+    elif not found:
         finding, _ = _judge(COMPUTE_RULE, figures)
         found += [finding] if finding is not None else []
     found.sort(key=lambda x: x.severity, reverse=True)
-    return {"bottlenecks": [x.as_dict() for x in found], "skipped": skipped, "verdict": verdict(found, figures)}
+    result = {"bottlenecks": [x.as_dict() for x in found], "skipped": skipped,
+              "verdict": verdict(found, figures), "representative": busy is None}
+    return result if busy is None else {**result, "not_representative": busy}
 
 
 def verdict(found: list[Finding], figures: Figures) -> str:
-    """One line for people: the top bottleneck, or that none was found and where the time goes."""
+    """One line for people: the top bottleneck, or that none was found and where the time goes; first
+    that the run is not representative, where it is not."""
+    busy = not_representative(figures)
+    return (f"not representative: {busy}. " if busy else "") + _finding_or_phase(found, figures)
+
+
+def _finding_or_phase(found: list[Finding], figures: Figures) -> str:
     if found:
         top = found[0]
         return f"{top.kind}: {top.message}"

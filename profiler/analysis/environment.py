@@ -9,7 +9,14 @@ Figures:
   device's peak ratio on big squares (run.json `matmul_peaks`); `run_dtype_speedup`: the speedup of
   the run's own dtype (1 for fp32).
 - `cores`: CPU cores the process may use; `thread_demand`: torch threads + loader workers of all
-  ranks on one host; `other_cpu_busy` (cores): what other processes kept busy meanwhile (samples).
+  ranks on one host; `other_cpu_busy` (cores): what other processes kept busy meanwhile (CPU
+  samples taken during the counted steps, all samples where none was): the machine's use less the
+  ranks' own.
+- `cpu_contention` (%): the share of the CPU the run's threads wanted (min(thread_demand, cores))
+  that other processes took: per sample, the cores they kept busy beyond those the run left free,
+  counted only while the machine was >= SATURATED % busy (else a core sat idle and nothing was
+  taken), averaged, times the share of the step that computes (waiting for data is not slowed).
+- `step_spread` (x): the step time's p90 over its p50 (summary.step_time_s).
 - `throttled` (% of NVML samples inside steps with a power or thermal clocks-event reason),
   `sm_clock_drop` (% the median SM clock sits below the highest seen).
 """
@@ -21,11 +28,16 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+import pandas as pd
+
 from profiler.analysis.figures import Figure, Figures, num
 from profiler.analysis.loader import RunData
 
 HARMLESS_REASONS = {"", "gpu_idle", "applications_clocks_setting", "display_clock_setting"}
 """Clocks-event reasons that do not slow a busy GPU down."""
+SATURATED = 95.0
+"""% of the machine's CPU in use from which other processes take cores from the run (as compare's
+contention; below it a core sat idle)."""
 
 
 def _native_bf16(env: Mapping[str, Any]) -> float:
@@ -64,7 +76,18 @@ def _speedups(run: RunData) -> Figures:
     return out
 
 
-def _cpu(run: RunData) -> Figures:
+def _cpu_samples(run: RunData) -> tuple[pd.DataFrame, str]:
+    """The CPU samples taken during the counted steps (all of them where none was) and which they are;
+    a sample whose interval was too short to measure (the machine's use read as 0.0) is left out."""
+    s = run.samples.dropna(subset=["cpu_system_pct", "cpu_process_pct"])
+    s = s[s["cpu_system_pct"] > 0]
+    during = s[s["step"].isin(run.steady_steps.index)]
+    if during.empty:
+        return s, "samples.parquet (none in a counted step: all samples)"
+    return during, "samples.parquet during the counted steps"
+
+
+def _cpu(run: RunData, summary: Mapping[str, Any]) -> Figures:
     env = run.environment
     cores = num(env.get("cpu_affinity") or env.get("cpu_count"))
     per_host: Counter[str] = Counter()
@@ -75,12 +98,32 @@ def _cpu(run: RunData) -> Figures:
     if per_host:
         out["thread_demand"] = Figure(float(max(per_host.values())), "threads",
                                       "ranks[].torch_threads + loader_workers, per host")
-    s = run.samples
-    if not s.empty and "cpu_system_pct" in s and s["cpu_system_pct"].notna().any():
-        ours = s.groupby("rank")[["cpu_process_pct", "cpu_workers_pct"]].mean().sum().sum() / 100
-        others = float(s["cpu_system_pct"].mean()) / 100 * cores - float(ours)
-        out["other_cpu_busy"] = Figure(max(0.0, others), "cores", "samples.parquet cpu_system_pct - ours")
+    if run.samples.empty or not {"cpu_system_pct", "cpu_process_pct"} <= set(run.samples):
+        return out  # no CPU sampler (a GPU's NVML samples, or the sampler off)
+    s, where = _cpu_samples(run)
+    if s.empty or math.isnan(cores):
+        return out
+    hosts = Counter(r.get("host", "") for r in run.ranks)
+    on_host = s["rank"].map({r.get("rank"): hosts[r.get("host", "")] for r in run.ranks}).fillna(1)
+    workers = s["cpu_workers_pct"].fillna(0.0) if "cpu_workers_pct" in s else 0.0
+    own = (s["cpu_process_pct"] + workers) / 100 * on_host  # the ranks of a host taken alike
+    others = s["cpu_system_pct"] / 100 * cores - own
+    out["other_cpu_busy"] = Figure(max(0.0, float(others.mean())), "cores", f"{where}: cpu_system_pct - ours")
+    wanted = max(1.0, min(max(per_host.values()) if per_host else cores, cores))
+    taken = (others - (cores - wanted)).clip(lower=0.0, upper=wanted).where(s["cpu_system_pct"] >= SATURATED, 0.0)
+    computing = 1 - num((summary.get("io") or {}).get("data_wait_share"))
+    computing = 1.0 if math.isnan(computing) else min(1.0, max(0.0, computing))
+    out["cpu_contention"] = Figure(100 * float(taken.mean()) / wanted * computing, "%",
+                                   f"{where}: other processes' cores beyond those the run left free while the "
+                                   f"machine was >= {SATURATED:g}% busy, over the {wanted:g} it wanted, x the "
+                                   "share of the step not waiting for data")
     return out
+
+
+def _spread(summary: Mapping[str, Any]) -> Figures:
+    times = summary.get("step_time_s") or {}
+    p50, p90 = num(times.get("p50")), num(times.get("p90"))
+    return {"step_spread": Figure(p90 / p50, "x", "summary.step_time_s.p90 / p50")} if p50 > 0 else {}
 
 
 def _clocks(run: RunData) -> Figures:
@@ -103,6 +146,7 @@ def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
     out: Figures = {"native_bf16": Figure(_native_bf16(run.environment), "yes=1",
                                           "environment.cpu_flags / cuda_capability")}
     out.update(_speedups(run))
-    out.update(_cpu(run))
+    out.update(_cpu(run, summary))
+    out.update(_spread(summary))
     out.update(_clocks(run))
     return out
