@@ -41,8 +41,7 @@ def main(args: argparse.Namespace) -> int:
     run = diagnosable(common.run_path(args))
     figures = analyze(run)
     found = diagnose(figures)
-    diagnosis = {"verdict": found["verdict"], "bottlenecks": found["bottlenecks"], "skipped": found["skipped"],
-                 "figures": stored(figures)}
+    diagnosis = {**found, "figures": stored(figures)}
     if args.json:
         common.print_json(diagnosis)
     else:

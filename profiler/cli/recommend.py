@@ -71,8 +71,9 @@ def main(args: argparse.Namespace) -> int:
             console.print_verification(run.id, verification, sys.stdout)
             return common.EXIT_INTERRUPTED
     if args.json:
-        keys = ("verdict", "bottlenecks", "recommendations", "excluded")
-        common.print_json({**{k: advice[k] for k in keys}, "probes": advice.get("probes"),
+        keys = ("verdict", "representative", "not_representative", "bottlenecks", "recommendations", "excluded",
+                "probes")
+        common.print_json({**{k: advice[k] for k in keys if k in advice},
                            "verification": verification})
         return common.EXIT_OK
     if not args.verify:
