@@ -12,11 +12,13 @@ from profiler import store
 from profiler.analysis import load_run
 from profiler.cli import tune as cli_tune
 from profiler.cli.tune import _print as print_tune
+from profiler.compare.stats import confidence_text
 from profiler.config import load_config
 from profiler.experiments import tune as tune_module
 from profiler.experiments.batch import run_cells
 from profiler.experiments.tune import Tuner, TuneSpec, combination, order
 from profiler.experiments.verify import CONFIDENCE, Looks, Sequential, trials_for
+from profiler.text import measured_text
 from tests.conftest import TINY, glmperf, tiny_run
 
 
@@ -34,6 +36,11 @@ def test_each_look_spends_a_share_of_the_confidence_bonferroni():
     assert 1 - Looks(2, 4).per_look == pytest.approx((1 - CONFIDENCE) / 3)
     with pytest.raises(ValueError, match="start 3 and most 2"):
         Looks(3, 2)
+    # a look's confidence is said with its digits, never rounded up to a certainty
+    assert [confidence_text(Looks(2, m).per_look) for m in (2, 4, 6)] == ["99%", "99.67%", "99.8%"]
+    measured = {"metric": "tokens_per_s", "change_pct": 30.0, "low_pct": 5.0, "high_pct": 60.0,
+                "confidence": Looks(2, 4).per_look, "runs": [3, 3]}
+    assert measured_text(measured) == "tokens/s gain +30.0% [+5.0%, +60.0%] (99.67% interval, 3+3 runs)"
 
 
 def test_tune_tries_limit_remedies_first_then_speed_changes_by_expected_gain_measured_first_on_a_tie():
