@@ -30,7 +30,8 @@ the chance that any look's interval misses the true change stays within 1 - CONF
 compare's intervals hold their confidence), whatever the looks' dependence. With one look (`most`
 equal to the starting repeats) that is compare's own 99%. The price: each look's interval is wider,
 so a change that the first look would have decided at 99% may need a repeat more. A stability
-remedy's verdict counts events, not an interval: more repeats only give it more runs to count.
+remedy's verdict counts events and reads no interval (no confidence to correct): more repeats only
+give it more runs to count.
 """
 
 from __future__ import annotations
