@@ -78,7 +78,7 @@ def measured_text(m: Mapping[str, Any]) -> str:
     label = {"tokens_per_s": "tokens/s", "peak_memory": "peak memory"}.get(m["metric"], m["metric"])
     what = "reduction" if m["metric"] == "peak_memory" else "gain"
     return (f"{label} {what} {m['change_pct']:+.1f}% [{m['low_pct']:+.1f}%, {m['high_pct']:+.1f}%] "
-            f"({m['confidence']:.0%} interval, {m['runs'][0]}+{m['runs'][1]} runs)")
+            f"({100 * m['confidence']:.4g}% interval, {m['runs'][0]}+{m['runs'][1]} runs)")
 
 
 SHARE_MOVE = 5.0

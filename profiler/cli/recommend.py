@@ -27,6 +27,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    "(--top, default 3) interleaved, and judge each by its measured gain")
     p.add_argument("--repeats", type=common.positive_int, default=3,
                    help="with --verify: runs of each side (default 3)")
+    p.add_argument("--max-repeats", type=common.positive_int,
+                   help="with --verify: add a repeat of the baseline and each inconclusive candidate, one at a time, "
+                        "until decided or this many runs a side; each look at a stricter confidence "
+                        "(default: --repeats, no repeat added)")
     p.add_argument("--steps", type=common.positive_int,
                    help="with --verify: steps of each run (default: the run's own)")
     p.add_argument("--probe-budget", type=common.non_negative_float, default=120.0, metavar="SECONDS",
@@ -58,6 +62,9 @@ def main(args: argparse.Namespace) -> int:
         from profiler.experiments.batch import BatchInterrupted
         from profiler.experiments.verify import run_verification
 
+        if args.max_repeats is not None and args.max_repeats < args.repeats:
+            raise common.BadInput(f"--max-repeats: got {args.max_repeats}; allowed: at least --repeats "
+                                  f"({args.repeats})")
         steps = _verify_steps(args, run)
         if not args.json:
             console.print_diagnosis(run.id, advice, sys.stdout, evidence=False)
@@ -65,7 +72,8 @@ def main(args: argparse.Namespace) -> int:
                                           sys.stdout)
         try:
             verification = run_verification(run, advice, top=args.top or 3, repeats=args.repeats, steps=steps,
-                                            runs_dir=common.runs_dir(args), progress=not args.no_progress)
+                                            runs_dir=common.runs_dir(args), progress=not args.no_progress,
+                                            max_repeats=args.max_repeats)
         except BatchInterrupted:
             verification = store.read_run(run.path)["diagnosis"]["verification"]
             console.print_verification(run.id, verification, sys.stdout)

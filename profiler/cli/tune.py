@@ -1,7 +1,7 @@
 """`glmperf tune`: diagnose, verify and adopt recommendations until nothing left confirms.
 
     glmperf tune --preset small [--steps S] [--memory-budget-gb G] [--time-budget-min M]
-                 [--repeats N] [--allow-model-changes] [--output FILE]
+                 [--repeats N] [--max-repeats M] [--allow-model-changes] [--output FILE]
 
 Exit 0 with a tuned config within the budget (possibly the starting one, when nothing confirmed);
 1 when the tuned config still exceeds the memory budget; 2 on bad input; 130 on Ctrl-C (the rounds
@@ -20,6 +20,9 @@ from profiler import store
 from profiler.cli import common
 from profiler.settings import settings_text, shipped_presets
 
+DEFAULT_MAX_REPEATS = 6
+"""profiler.experiments.tune.DEFAULT_MAX_REPEATS (not imported: the parser is built for every command)."""
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -36,9 +39,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    "default: the config's profile.memory_budget_gb, else no limit)")
     p.add_argument("--time-budget-min", type=common.positive_float, help="stop before a round that would overrun this")
     p.add_argument("--repeats", type=common.positive_int, default=2,
-                   help="runs of each side per verification (default 2)")
+                   help="runs of each side a verification starts with (default 2)")
+    p.add_argument("--max-repeats", type=common.positive_int,
+                   help="runs of each side a verification may grow to while its verdict is open, one pair at a "
+                        f"time, each look at a stricter confidence (default {DEFAULT_MAX_REPEATS}, or --repeats "
+                        "when more)")
     p.add_argument("--max-rounds", type=common.positive_int, default=8,
-                   help="recommendations tried at most (default 8)")
+                   help="recommendations tried at most (default 8); then one round may verify the changes together")
     p.add_argument("--allow-model-changes", action="store_true", help="also try changes that alter the model")
     p.add_argument("--output", type=Path, help="the tuned config (default: tuned.yaml beside the record)")
     common.add_runs_dir(p)
@@ -46,17 +53,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     common.add_json(p, "print the record as JSON")
 
 
+STOPPED = {"decided": "decided", "max_repeats": "still inconclusive at --max-repeats",
+           "time_budget": "stopped: another repeat would overrun the time budget",
+           "not_measured": "nothing measured", "interrupted": "interrupted"}
+"""How a round's verification ended (verify.STOPS), as the summary says it."""
+
+
 def _gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f} GiB"
 
 
 def _print(record: Mapping[str, Any], tuned_path: Path, out: TextIO) -> None:
-    print(f"tune {record['id']}: {len(record['rounds'])} round(s), {record.get('elapsed_s', 0):.0f} s; "
+    tuned = record.get("tuned") or {}
+    took = tuned.get("tuning_s", record.get("elapsed_s", 0))
+    print(f"tune {record['id']}: {len(record['rounds'])} round(s), {tuned.get('runs', 0)} run(s), {took:.0f} s; "
           f"stopped: {record.get('stopped')}", file=out)
     for e in record["rounds"]:
         change = settings_text(e["tried"])
         print(f"  round {e['round']}: {e['diagnosis']}", file=out)
         print(f"     tried {change}: {e['decision']}: {e['why']}", file=out)
+        if "repeats" in e:
+            how = STOPPED.get(str((e.get("result") or {}).get("stopped")), "")
+            print(f"     {e['repeats']} run(s) a side; {how}", file=out)
     settings = (record.get("tuned") or {}).get("settings") or {}
     adopted = settings_text(settings) or "nothing (the starting config stays)"
     print(f"adopted: {adopted}", file=out)
@@ -72,6 +90,8 @@ def main(args: argparse.Namespace) -> int:
     from profiler.experiments.records import write_tuned
     from profiler.experiments.tune import Tuner, TuneSpec
 
+    if args.max_repeats is not None and args.max_repeats < args.repeats:
+        raise common.BadInput(f"--max-repeats: got {args.max_repeats}; allowed: at least --repeats ({args.repeats})")
     overrides = list(args.overrides) + ([f"train.steps={args.steps}"] if args.steps else [])
     if args.memory_budget_gb:
         overrides.append(f"profile.memory_budget_gb={args.memory_budget_gb}")
@@ -80,7 +100,7 @@ def main(args: argparse.Namespace) -> int:
     runs_dir = common.runs_dir(args)
     store.check_runs_dir(runs_dir)
     budget = start.profile.memory_budget_gb or None
-    spec = TuneSpec(start, repeats=args.repeats, budget_gib=budget,
+    spec = TuneSpec(start, repeats=args.repeats, max_repeats=args.max_repeats, budget_gib=budget,
                     time_budget_s=60 * args.time_budget_min if args.time_budget_min else None,
                     allow_model_changes=args.allow_model_changes, max_rounds=args.max_rounds,
                     source={"preset": args.preset, "config": str(args.config) if args.config else None,

@@ -77,6 +77,11 @@ class Options:
         return float(self.run_noise.get(metric, self.run_noise["default"]))
 
 
+def confidence_text(confidence: float) -> str:
+    """A confidence as a percentage with the digits it has: 99%, 99.8%, 99.67% (never rounded up to 100%)."""
+    return f"{100 * confidence:.4g}%"
+
+
 @dataclass(frozen=True)
 class Estimate:
     """One metric, baseline vs candidate: figures, change, interval, test and verdict."""
@@ -310,15 +315,16 @@ def compare_series(base: Sequence[Values], cand: Sequence[Values], *, better: st
             shaky = _disturbed(verdict, b_runs, c_runs, names, better=better, bar=bar, half=half) if speed else None
             if shaky:
                 return result("inconclusive", f"looks {verdict} ({math.expm1(d):+.1%}), but {shaky}", **common)
-            return result(verdict, f"{reason} with {options.confidence:.0%} confidence", **common)
+            return result(verdict, f"{reason} with {confidence_text(options.confidence)} confidence", **common)
     if bad_hi <= bar and bad_lo >= -bar:
-        return result("unchanged", f"within {pct} either way with {options.confidence:.0%} confidence", **common)
+        return result("unchanged", f"within {pct} either way with {confidence_text(options.confidence)} confidence",
+                      **common)
     gap = abs(bad) if abs(bad) > bar else bar - abs(bad)
     repeats = _repeats(gap, var_within, sigma, runs, float(stats.norm.ppf(level)))
     decide = ("the change sits on the threshold: no number of runs would decide it" if repeats is None else
               f"more than {MAX_REPEATS} runs a side would be needed: the threshold is below this noise"
               if repeats > MAX_REPEATS else f"about {repeats} runs a side would decide")
-    reason = (f"too noisy: the {options.confidence:.0%} interval [{ci[0]:+.1%}, {ci[1]:+.1%}] spans both "
+    reason = (f"too noisy: the {confidence_text(options.confidence)} interval [{ci[0]:+.1%}, {ci[1]:+.1%}] spans both "
               f"no change and the {pct} threshold (between-run noise {sigma:.1%}, {source}); {decide}")
     return result("inconclusive", reason, repeats_needed=repeats, **common)
 

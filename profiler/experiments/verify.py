@@ -19,12 +19,25 @@ stability remedies, the stability events it should remove. Verdicts:
 - `refuted`: worse, within MIN_GAIN either way, or an interval that rules out a gain of MIN_GAIN;
   also a changed run that failed;
 - `inconclusive`: the noise allows both; says about how many repeats would decide.
+
+Sequential testing (`Sequential`): a verification may start with few repeats and add one more
+interleaved repeat of the baseline and each undecided candidate until the verdict is decided or
+`most` repeats a side ran. Looking at the interval after every repeat and stopping at the first
+decision would make a false confirmation likelier than the interval's confidence says (optional
+stopping), so each look reads the interval at a stricter confidence: Bonferroni over the looks
+that may come, 1 - (1 - CONFIDENCE) / looks (99% over 5 looks: 99.8% at each). By the union bound
+the chance that any look's interval misses the true change stays within 1 - CONFIDENCE (as far as
+compare's intervals hold their confidence), whatever the looks' dependence. With one look (`most`
+equal to the starting repeats) that is compare's own 99%. The price: each look's interval is wider,
+so a change that the first look would have decided at 99% may need a repeat more. A stability
+remedy's verdict counts events and reads no interval (no confidence to correct): more repeats only
+give it more runs to count.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +46,7 @@ from profiler import store
 from profiler.analysis import RunData, RunRecord, analyze, load_run, summary_of
 from profiler.compare.gate import DEFAULT_REPORTED, LOSS_PARITY, Gate, Threshold
 from profiler.compare.runs import compare
+from profiler.compare.stats import Options
 from profiler.config import RunConfig, load_config
 from profiler.experiments.batch import Cell, traced_once
 from profiler.experiments.records import canonical
@@ -43,6 +57,12 @@ MIN_GAIN = 0.02
 """A change must be at least 2% better, with confidence, to be confirmed; below that it is no gain."""
 STABILITY_EVENTS = ("non_finite", "skipped_steps", "loss_spikes", "grad_norm_outliers")
 COMBINED = "all together"
+CONFIDENCE = Options().confidence
+"""compare's confidence (99%), held by a verification over all its looks together."""
+STOPS = ("decided", "max_repeats", "time_budget", "not_measured", "interrupted")
+"""Why a trial's repeats stopped (a result's `stopped`): its verdict was decided; `most` repeats ran and
+it is still inconclusive; another repeat would overrun the caller's time budget; nothing to judge
+came out of its runs (its baseline failed); Ctrl-C."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +87,7 @@ class Trials:
     cells: tuple[Cell, ...]
     repeats: int
     steps: int
+    nproc: int = 1
 
 
 def _combined(recommendations: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -95,7 +116,7 @@ def trials_for(run: RunData, recommendations: Sequence[Mapping[str, Any]], *, re
         refused.append({"label": COMBINED, "reason": "two recommendations set one key differently"})
     if merged is not None:
         judged = {r["judged_by"] for r in recommendations}
-        wanted.append((COMBINED, {"switch": COMBINED, "set": merged, "risk": _worst_risk(recommendations),
+        wanted.append((COMBINED, {"switch": COMBINED, "set": merged, "risk": worst_risk(recommendations),
                                   "judged_by": judged.pop() if len(judged) == 1 else "tokens_per_s",
                                   "expected": None, "for": "all"}))
     for trial_label, rec in wanted:
@@ -107,15 +128,26 @@ def trials_for(run: RunData, recommendations: Sequence[Mapping[str, Any]], *, re
             refused.append({"label": trial_label, "reason": f"cannot run here: {exc}"})
             continue
         trials.append(Trial(trial_label, rec, cfg))
-    cells = tuple(Cell(f"{t.label} (repeat {r + 1}/{repeats})", traced_once(t.cfg, r), nproc=nproc,
-                       links={"verifies": {"run": run.id, "trial": t.label, "repeat": r}})
-                  for r in range(repeats) for t in trials)
-    return Trials(run.id, tuple(trials), tuple(refused), cells, repeats, steps)
+    cells = tuple(c for r in range(repeats) for c in _repeat(trials, run.id, nproc, r, repeats))
+    return Trials(run.id, tuple(trials), tuple(refused), cells, repeats, steps, nproc)
 
 
-def _worst_risk(recommendations: Sequence[Mapping[str, Any]]) -> str:
+def _repeat(trials: Sequence[Trial], verified: str, nproc: int, repeat: int, of: int) -> list[Cell]:
+    return [Cell(f"{t.label} (repeat {repeat + 1}/{of})", traced_once(t.cfg, repeat), nproc=nproc,
+                 links={"verifies": {"run": verified, "trial": t.label, "repeat": repeat}}) for t in trials]
+
+
+def repeat_cells(trials: Trials, repeat: int, labels: Collection[str], *, of: int) -> tuple[Cell, ...]:
+    """The cells of one more repeat (0-based `repeat`, of `of` at most) of the trials named in `labels`,
+    in the plan's order (the baseline first)."""
+    return tuple(_repeat([t for t in trials.trials if t.label in labels], trials.verified, trials.nproc,
+                         repeat, of))
+
+
+def worst_risk(recommendations: Sequence[Mapping[str, Any]]) -> str:
+    """The gravest `risk` of the recommendations ("none" when they have none)."""
     order = ("none", "numerics", "convergence", "changes_model")
-    return max((str(r.get("risk", "none")) for r in recommendations), key=order.index)
+    return max((str(r.get("risk", "none")) for r in recommendations), key=order.index, default="none")
 
 
 def _shares(runs: Sequence[RunData]) -> dict[str, float]:
@@ -145,10 +177,11 @@ def _judge_stability(base: Sequence[RunData], cand: Sequence[RunData]) -> tuple[
     return "inconclusive", f"stability events {sum(b)} -> {sum(c)}: fewer, not gone", measured
 
 
-def _judge_speed(metric: str, base: Sequence[RunData], cand: Sequence[RunData], budget_gib: float | None
-                 ) -> tuple[str, str, dict[str, Any]]:
+def _judge_speed(metric: str, base: Sequence[RunData], cand: Sequence[RunData], budget_gib: float | None,
+                 confidence: float) -> tuple[str, str, dict[str, Any]]:
     m = METRIC_BY_NAME[metric]  # judged_by names a metric of the registry
-    gate = Gate((Threshold(m.name, MIN_GAIN), Threshold(LOSS_PARITY, DEFAULT_REPORTED[LOSS_PARITY], gated=False)))
+    gate = Gate((Threshold(m.name, MIN_GAIN), Threshold(LOSS_PARITY, DEFAULT_REPORTED[LOSS_PARITY], gated=False)),
+                Options(confidence=confidence))
     result = compare(list(base), list(cand), gate)
     e = result.metrics[0].estimate
     sign = 1 if m.better == "higher" else -1
@@ -177,9 +210,9 @@ def _judge_speed(metric: str, base: Sequence[RunData], cand: Sequence[RunData], 
     return "inconclusive", e.reason, measured
 
 
-def judge(trial: Trial, base: Sequence[RunData], cand: Sequence[RunData], *, budget_gib: float | None = None
-          ) -> dict[str, Any]:
-    """The verdict on one trial from its stored runs and the baseline's."""
+def judge(trial: Trial, base: Sequence[RunData], cand: Sequence[RunData], *, budget_gib: float | None = None,
+          confidence: float = CONFIDENCE) -> dict[str, Any]:
+    """The verdict on one trial from its stored runs and the baseline's, its interval read at `confidence`."""
     rec = trial.recommendation or {}
     out: dict[str, Any] = {"switch": rec.get("switch"), "set": dict(rec.get("set") or {}),
                            "judged_by": rec.get("judged_by"), "expected": rec.get("expected"),
@@ -197,16 +230,18 @@ def judge(trial: Trial, base: Sequence[RunData], cand: Sequence[RunData], *, bud
     if rec.get("judged_by") == "stability":
         verdict, reason, measured = _judge_stability(done_base, cand)
     else:
-        verdict, reason, measured = _judge_speed(str(rec.get("judged_by")), done_base, cand, budget_gib)
+        verdict, reason, measured = _judge_speed(str(rec.get("judged_by")), done_base, cand, budget_gib, confidence)
     measured["shares"] = {"baseline": _shares(done_base), "candidate": _shares(cand)}
     return {**out, "verdict": verdict, "reason": reason, "measured": measured}
 
 
-def judge_trials(trials: Trials, runs: Mapping[str, Sequence[RunData]], *, budget_gib: float | None = None
-                 ) -> dict[str, Any]:
-    """run.json `diagnosis.verification` of the verified run, from each trial's stored runs."""
+def judge_trials(trials: Trials, runs: Mapping[str, Sequence[RunData]], *, budget_gib: float | None = None,
+                 confidence: float = CONFIDENCE) -> dict[str, Any]:
+    """run.json `diagnosis.verification` of the verified run, from each trial's stored runs (one look:
+    `Sequential` adds repeats while a verdict is open)."""
     base = runs.get("baseline", [])
-    results = [judge(t, base, runs.get(t.label, []), budget_gib=budget_gib) for t in trials.trials[1:]]
+    results = [judge(t, base, runs.get(t.label, []), budget_gib=budget_gib, confidence=confidence)
+               for t in trials.trials[1:]]
     return {"repeats": trials.repeats, "steps": trials.steps, "baseline_runs": [r.id for r in base],
             "results": results, "refused": list(trials.refused),
             "complete": all(len(runs.get(t.label, [])) == trials.repeats for t in trials.trials)}
@@ -227,19 +262,133 @@ def store_verification(run_dir: Any, verification: Mapping[str, Any], advice: Ma
     store.update_run(run_dir, diagnosis={**diagnosis, "verification": dict(verification)})
 
 
+Execute = Callable[[Sequence[Cell]], Iterable[tuple[Cell, Any]]]
+"""Runs cells and yields each with its stored run directory (`batch.run_cells`, or a caller's wrapper of it)."""
+
+
+@dataclass(frozen=True)
+class Looks:
+    """When a sequential verification looks at its intervals: after `start` repeats a side and after
+    each one added, up to `most`; each look at `per_look` confidence (Bonferroni: see the module)."""
+
+    start: int
+    most: int
+    confidence: float = CONFIDENCE
+    """Over all the looks together."""
+
+    def __post_init__(self) -> None:
+        if self.start < 1 or self.most < self.start:
+            raise ValueError(f"repeats: start {self.start} and most {self.most}; allowed: 1 <= start <= most")
+
+    @property
+    def count(self) -> int:
+        return self.most - self.start + 1
+
+    @property
+    def per_look(self) -> float:
+        return self.confidence if self.count == 1 else 1 - (1 - self.confidence) / self.count
+
+
+class Sequential:
+    """A verification that adds repeats while a verdict is open (the module's "Sequential testing").
+
+    The plan's cells run first (`trials.repeats` a side); then, while a candidate is `inconclusive`
+    with a measurement, one more repeat of the baseline and each such candidate runs, interleaved,
+    until every candidate is decided, `most` repeats ran, or `may_add` refuses. A candidate's result
+    is frozen at its last look: `repeats` (its runs) and `stopped` (one of STOPS) are added to it.
+
+        seq = Sequential(trials, most=6)
+        verification = seq.run(lambda cells: run_cells(cells, runs_dir=...))
+    """
+
+    def __init__(self, trials: Trials, *, most: int | None = None, budget_gib: float | None = None) -> None:
+        self.trials, self.budget_gib = trials, budget_gib
+        self.looks = Looks(trials.repeats, trials.repeats if most is None else most)
+        self.done: list[tuple[Cell, Any]] = []
+        """Every (cell, run directory) so far, in the order they ran."""
+        self.final: dict[str, dict[str, Any]] = {}
+        """Each stopped candidate's result, by trial label."""
+        self.interrupted = False
+        self._open: dict[str, dict[str, Any]] = {}  # the last look's result of each candidate still open
+        self._loaded: dict[str, RunData] = {}
+
+    def run(self, execute: Execute, *, may_add: Callable[[int], bool] | None = None) -> dict[str, Any]:
+        """Run to the end; the verification (`judge_trials`' shape). `may_add(n)`: whether n more cells
+        may run (a time budget). Ctrl-C propagates; `verification()` then holds what was measured."""
+        cells, repeat = self.trials.cells, self.trials.repeats
+        while True:
+            try:
+                for pair in execute(cells):
+                    self.done.append(pair)
+            except BaseException:  # Ctrl-C (batch.BatchInterrupted) or a crash: what ran is judged as it is
+                self.interrupted = True
+                raise
+            self._look()
+            if not self._open:
+                break
+            if repeat >= self.looks.most or (may_add is not None and not may_add(len(self._open) + 1)):
+                why = "max_repeats" if repeat >= self.looks.most else "time_budget"
+                self.final.update({label: {**result, "stopped": why} for label, result in self._open.items()})
+                self._open = {}
+                break
+            cells = repeat_cells(self.trials, repeat, {"baseline", *self._open}, of=self.looks.most)
+            repeat += 1
+        return self.verification()
+
+    def runs(self) -> dict[str, list[RunData]]:
+        """The stored runs so far, by trial (each loaded once)."""
+        out: dict[str, list[RunData]] = {}
+        for cell, run_dir in self.done:
+            if str(run_dir) not in self._loaded:
+                self._loaded[str(run_dir)] = load_run(run_dir)
+            out.setdefault(cell.links["verifies"]["trial"], []).append(self._loaded[str(run_dir)])
+        return out
+
+    def _judge(self, trial: Trial, runs: Mapping[str, Sequence[RunData]]) -> dict[str, Any]:
+        cand = runs.get(trial.label, [])
+        result = judge(trial, runs.get("baseline", []), cand, budget_gib=self.budget_gib,
+                       confidence=self.looks.per_look)
+        return {**result, "repeats": len(cand)}
+
+    def _look(self) -> None:
+        """Judge the candidates not stopped yet; stop the decided ones."""
+        runs = self.runs()
+        self._open = {}
+        for trial in self.trials.trials[1:]:
+            if trial.label in self.final:
+                continue
+            result = self._judge(trial, runs)
+            if result["verdict"] == "inconclusive" and "measured" in result:
+                self._open[trial.label] = result
+            else:  # confirmed, refuted, changes_numerics; or nothing to judge (its baseline failed)
+                self.final[trial.label] = {**result, "stopped": "not_measured" if result["verdict"] == "inconclusive"
+                                           else "decided"}
+
+    def verification(self) -> dict[str, Any]:
+        """What was measured so far, judged (a candidate not stopped as `interrupted`)."""
+        runs = self.runs()
+        base = runs.get("baseline", [])
+        results = [self.final.get(t.label) or {**self._judge(t, runs), "stopped": "interrupted"}
+                   for t in self.trials.trials[1:]]
+        return {"repeats": max(self.trials.repeats, len(base)), "steps": self.trials.steps,
+                "baseline_runs": [r.id for r in base], "results": results, "refused": list(self.trials.refused),
+                "complete": not self.interrupted,
+                "sequential": {"start": self.looks.start, "most": self.looks.most,
+                               "confidence": self.looks.confidence, "per_look": self.looks.per_look}}
+
+
 def run_verification(run: RunData, advice: Mapping[str, Any], *, top: int, repeats: int, steps: int,
-                     runs_dir: Any, progress: bool = True) -> dict[str, Any]:
+                     runs_dir: Any, progress: bool = True, max_repeats: int | None = None) -> dict[str, Any]:
     """Run the plan of `top` recommendations and store the verdicts in the verified run, also when Ctrl-C
-    stops it (what was measured is judged; `complete` says whether all of it ran)."""
+    stops it (what was measured is judged; `complete` says whether all of it ran). With `max_repeats`
+    above `repeats`, an inconclusive candidate gets more repeats (`Sequential`)."""
     from profiler.experiments.batch import run_cells
 
     trials = trials_for(run, advice["recommendations"][:top], repeats=repeats, steps=steps)
-    budget = run.memory_budget_gb or None
-    done: list[tuple[Cell, Any]] = []
+    seq = Sequential(trials, most=max_repeats, budget_gib=run.memory_budget_gb or None)
     try:
-        for pair in run_cells(trials.cells, runs_dir=runs_dir, progress=progress):
-            done.append(pair)
+        seq.run(lambda cells: run_cells(cells, runs_dir=runs_dir, progress=progress))
     finally:
-        verification = judge_trials(trials, runs_of(trials, done), budget_gib=budget)
+        verification = seq.verification()
         store_verification(run.path, verification, advice)
     return verification
