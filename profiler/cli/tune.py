@@ -47,6 +47,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-rounds", type=common.positive_int, default=8,
                    help="recommendations tried at most (default 8); then one round may verify the changes together")
     p.add_argument("--allow-model-changes", action="store_true", help="also try changes that alter the model")
+    p.add_argument("--probe-budget", type=common.non_negative_float, default=120.0, metavar="SECONDS",
+                   help="seconds of what-if probes a round may spend ranking its candidates by their gain measured "
+                        "on this machine (default 120; cached probes are free); 0: by the modelled ranges")
     p.add_argument("--output", type=Path, help="the tuned config (default: tuned.yaml beside the record)")
     common.add_runs_dir(p)
     p.add_argument("--no-progress", action="store_true")
@@ -103,9 +106,11 @@ def main(args: argparse.Namespace) -> int:
     spec = TuneSpec(start, repeats=args.repeats, max_repeats=args.max_repeats, budget_gib=budget,
                     time_budget_s=60 * args.time_budget_min if args.time_budget_min else None,
                     allow_model_changes=args.allow_model_changes, max_rounds=args.max_rounds,
+                    probe_budget_s=args.probe_budget,
                     source={"preset": args.preset, "config": str(args.config) if args.config else None,
                             "overrides": overrides})
-    tuner = Tuner(spec, runs_dir=runs_dir, progress=not args.no_progress)
+    tuner = Tuner(spec, runs_dir=runs_dir, progress=not args.no_progress,
+                  say=None if args.no_progress else common.status_line)
     try:
         record = tuner.run()
     except KeyboardInterrupt:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler.advice.advise import advise
+from profiler.advice.measured import ProbeBudget
 from profiler.analysis import RunData, load_run, summary_of
 from profiler.config import RunConfig
 from profiler.experiments import records
@@ -60,6 +61,9 @@ class TuneSpec:
     allow_model_changes: bool = False
     max_rounds: int = 8
     """Single-change rounds at most (the combination round comes on top)."""
+    probe_budget_s: float = 120.0
+    """Seconds of what-if probes a round may spend ranking its candidates by measured gain (0: by the
+    modelled ranges); probes are cached, so a round repeats none an earlier one measured."""
     source: Mapping[str, Any] | None = None
     """How the starting config was given (preset, config file, overrides), for the record."""
 
@@ -170,14 +174,18 @@ class Tuner:
     """One tuning session: its record on disk, rewritten after every round, so Ctrl-C keeps it."""
 
     def __init__(self, spec: TuneSpec, *, runs_dir: Path, progress: bool = True,
-                 on_round: Callable[[Mapping[str, Any]], None] | None = None) -> None:
+                 on_round: Callable[[Mapping[str, Any]], None] | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
         self.spec, self.runs_dir, self.progress, self.on_round = spec, runs_dir, progress, on_round
+        self.say = say
+        """Where a line of progress besides the runs' goes (the probes'); None: nowhere."""
         self.started = time.perf_counter()
         self.cell_s: list[float] = []
         self.dir = records.create(runs_dir, "tune", spec.start.name, {"status": "running", "spec": {
             **(spec.source or {}), "repeats": spec.repeats, "max_repeats": spec.most,
             "memory_budget_gib": spec.budget_gib, "time_budget_s": spec.time_budget_s,
-            "allow_model_changes": spec.allow_model_changes, "steps": spec.start.train.steps}, "rounds": [],
+            "allow_model_changes": spec.allow_model_changes, "steps": spec.start.train.steps,
+            "probe_budget_s": spec.probe_budget_s}, "rounds": [],
             "adopted": []})
         self.record = records.read(self.dir, "tune")
 
@@ -249,7 +257,9 @@ class Tuner:
         stopped, out_of_time = f"{spec.max_rounds} rounds done", False
         for round_no in range(1, spec.max_rounds + 1):
             # nothing holding the run back: try what makes compute faster
-            advice = advise(newest, allow_model_changes=spec.allow_model_changes, explore_when_clear=True)
+            probes = ProbeBudget(total_s=spec.probe_budget_s) if spec.probe_budget_s > 0 else None
+            advice = advise(newest, allow_model_changes=spec.allow_model_changes, explore_when_clear=True,
+                            probes=probes, progress=self.say)
             todo = order([r for r in advice["recommendations"] if _key(r["set"]) not in tried])
             diagnosis = advice["verdict"] + ("; trying what makes compute faster" if advice.get("explored") else "")
             if not todo:
