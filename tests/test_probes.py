@@ -82,7 +82,8 @@ def fp32_small_no_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return runs
 
 
-def test_a_no_trace_fp32_run_gets_bf16_measured_where_the_cpu_runs_it_natively(fp32_small_no_trace: Path) -> None:
+def test_a_no_trace_fp32_run_gets_bf16_measured_where_the_cpu_runs_it_natively_and_asking_again_reuses_it(
+        fp32_small_no_trace: Path) -> None:
     runs = fp32_small_no_trace
     out = glmperf("recommend", "plain", "--runs-dir", str(runs), "--json", "--probe-budget", "30")
     assert out.returncode == 0, out.stderr
@@ -92,26 +93,20 @@ def test_a_no_trace_fp32_run_gets_bf16_measured_where_the_cpu_runs_it_natively(f
     bf16 = [r for r in advice["recommendations"] if r["set"] == {"switches.amp.dtype": "bf16"}]
     if not native:  # emulated bf16 is never advised, measured or not
         assert not bf16
-        return
-    (rec,) = bf16
-    tps = rec["expected"]["tokens_per_s"]
-    assert rec["expected"]["source"] == "measured" and tps["low"] > 0, rec["expected"]
-    assert rec["expected"]["probe"]["rounds"] >= 6 and not rec["expected"]["probe"]["cached"]
-    # kept in run.json, where the report and the dashboard read it
-    stored = store.read_run(Path(run["path"]))["diagnosis"]["recommendations"]
-    assert [r["expected"]["source"] for r in stored if r["set"] == rec["set"]] == ["measured"]
-
-
-def test_asking_again_reuses_the_probe(fp32_small_no_trace: Path) -> None:
-    runs = fp32_small_no_trace
-    first = json.loads(glmperf("recommend", "plain", "--runs-dir", str(runs), "--json", "--probe-budget", "30").stdout)
-    started = time.perf_counter()
-    again = json.loads(glmperf("recommend", "plain", "--runs-dir", str(runs), "--json", "--probe-budget", "30").stdout)
-    assert again["probes"]["measured"] == 0, again["probes"]
-    assert again["probes"]["cached"] == first["probes"]["measured"] + first["probes"]["cached"] > 0
+    else:
+        (rec,) = bf16
+        tps = rec["expected"]["tokens_per_s"]
+        assert rec["expected"]["source"] == "measured" and tps["low"] > 0, rec["expected"]
+        assert rec["expected"]["probe"]["rounds"] >= 6 and not rec["expected"]["probe"]["cached"]
+        # kept in run.json, where the report and the dashboard read it
+        stored = store.read_run(Path(run["path"]))["diagnosis"]["recommendations"]
+        assert [r["expected"]["source"] for r in stored if r["set"] == rec["set"]] == ["measured"]
+    started = time.perf_counter()  # a budget too small to start a probe: what it has is the cache's
+    again = json.loads(glmperf("recommend", "plain", "--runs-dir", str(runs), "--json", "--probe-budget", "1").stdout)
+    assert again["probes"]["measured"] == 0 and again["probes"]["cached"] == advice["probes"]["measured"] > 0
     measured = [r for r in again["recommendations"] if r["expected"]["source"] == "measured"]
-    assert measured and all(r["expected"]["probe"]["cached"] for r in measured)
-    assert time.perf_counter() - started < sum(r["expected"]["probe"]["cost_s"] for r in measured)
+    assert all(r["expected"]["probe"]["cached"] for r in measured)
+    assert time.perf_counter() - started < sum(r["expected"]["probe"]["cost_s"] for r in measured) or not measured
 
 
 def test_a_change_a_probe_measured_slower_is_dropped_with_its_figures(completed_run: Path, tmp_path: Path,
@@ -155,7 +150,7 @@ def test_a_probed_bf16_gain_agrees_with_its_verification(fp32_small_no_trace: Pa
         pytest.skip("this CPU has no native bf16: nothing to verify")
     probed = bf16[0]["expected"]["tokens_per_s"]
     out = glmperf("recommend", "plain", "--runs-dir", str(runs), "--json", "--probe-budget", "30", "--verify",
-                  "--top", "1", "--repeats", "2", "--steps", "10", "--no-progress")
+                  "--top", "1", "--repeats", "2", "--steps", "12", "--no-progress")
     assert out.returncode == 0, out.stderr
     (result,) = json.loads(out.stdout)["verification"]["results"]
     assert result["set"] == bf16[0]["set"]

@@ -27,6 +27,8 @@ def test_tune_on_tiny_ends_in_a_proven_config_within_budget_with_a_complete_reco
     assert record["spec"]["repeats"] == 2 and record["spec"]["max_repeats"] == 4
     assert 1 <= len([e for e in record["rounds"] if e["kind"] == "change"]) <= 2
     assert record["rounds"][0]["tried"] == {"switches.dataloader.num_workers": 2}
+    # ranked by the gain a probe measured on this machine, not by the catalog's model
+    assert record["rounds"][0]["expected"]["source"] == "measured", record["rounds"][0]["expected"]
     run_ids = {r["id"] for r in store.list_runs(runs_dir)}
     for entry in record["rounds"]:
         assert entry["diagnosed_run"] in run_ids

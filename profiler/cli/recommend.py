@@ -52,6 +52,11 @@ def main(args: argparse.Namespace) -> int:
     from profiler.cli import console
 
     run = diagnosable(common.run_path(args))
+    if args.verify:  # every refusal before any probe or run starts
+        if args.max_repeats is not None and args.max_repeats < args.repeats:
+            raise common.BadInput(f"--max-repeats: got {args.max_repeats}; allowed: at least --repeats "
+                                  f"({args.repeats})")
+        steps = _verify_steps(args, run)
     probes = ProbeBudget(total_s=args.probe_budget) if args.probe_budget > 0 else None
     advice = advise(run, allow_model_changes=args.allow_model_changes, top=args.top, probes=probes,
                     progress=None if args.no_progress or args.json else common.status_line)
@@ -62,10 +67,6 @@ def main(args: argparse.Namespace) -> int:
         from profiler.experiments.batch import BatchInterrupted
         from profiler.experiments.verify import run_verification
 
-        if args.max_repeats is not None and args.max_repeats < args.repeats:
-            raise common.BadInput(f"--max-repeats: got {args.max_repeats}; allowed: at least --repeats "
-                                  f"({args.repeats})")
-        steps = _verify_steps(args, run)
         if not args.json:
             console.print_diagnosis(run.id, advice, sys.stdout, evidence=False)
             console.print_recommendations(run.id, {**advice, "recommendations": advice["recommendations"][:args.top]},
