@@ -30,9 +30,18 @@ HAND_RECIPE = ("switches.compile.mode=default", "switches.amp.dtype=bf16")
 
 def _best_single(record: dict[str, Any]) -> dict[str, Any] | None:
     """The confirmed change with the largest measured gain over the rounds (None: nothing confirmed)."""
-    confirmed = [e for e in record["rounds"] if e["result"]["verdict"] == "confirmed"
+    confirmed = [e for e in record["rounds"] if e["kind"] == "change" and e["result"]["verdict"] == "confirmed"
                  and e["result"]["measured"].get("metric") == "tokens_per_s"]
     return max(confirmed, key=lambda e: e["result"]["measured"]["change_pct"])["tried"] if confirmed else None
+
+
+def _expected(entry: dict[str, Any]) -> str:
+    """A round's expected tokens/s range and where it came from (a probe, or the catalog's model)."""
+    exp = entry.get("expected") or {}
+    if "tokens_per_s" not in exp:
+        return ""
+    tps = exp["tokens_per_s"]
+    return f"{tps['low']:+.0f}% to {tps['high']:+.0f}% ({exp.get('source', 'modelled')})"
 
 
 def _change(base: list[RunData], cand: list[RunData]) -> str:
@@ -81,14 +90,17 @@ def main() -> None:
                      fmt(tps[len(tps) // 2], ",.0f"), "" if name == "plain" else _change(runs["plain"], runs[name]),
                      _change(runs["hand recipe (compile + bf16)"], runs[name]) if name == "tuned" else ""])
     rounds = [[e["round"], e["diagnosis"][:70], " ".join(f"{k}={v}" for k, v in e["tried"].items()),
-               e["result"]["verdict"], e["decision"]] for e in record["rounds"]]
+               _expected(e), f"{e['result']['verdict']} ({e['repeats']} runs a side)", e["decision"]]
+              for e in record["rounds"]]
     text = header("tune on small against the hand recipe and the best single switch") + (
-        f"- mode: {mode}\n- tune: `glmperf tune --preset small --steps {steps} --repeats {repeats}`: "
+        f"- mode: {mode}\n- tune: `glmperf tune --preset small --steps {steps} --repeats {repeats} --max-repeats "
+        f"{record['spec']['max_repeats']} --probe-budget {record['spec']['probe_budget_s']:g}`: "
         f"{tuning_s / 60:.1f} min, {len(record['rounds'])} round(s), stopped: {record['stopped']}\n"
         f"- then each config {repeats} times, interleaved, {steps} steps, no trace\n\n")
     text += table(["config", "settings", "tokens/s (median)", "vs plain [99% interval]", "tuned vs hand recipe"],
                   rows)
-    text += "\n\n## Tune's rounds\n\n" + table(["round", "diagnosis", "tried", "verdict", "decision"], rounds) + "\n"
+    text += "\n\n## Tune's rounds\n\n" + table(["round", "diagnosis", "tried", "expected", "verdict", "decision"],
+                                                rounds) + "\n"
     write_result("tune_small", text)
 
 
