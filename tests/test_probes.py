@@ -101,6 +101,9 @@ def test_a_no_trace_fp32_run_gets_bf16_measured_where_the_cpu_runs_it_natively_a
         # kept in run.json, where the report and the dashboard read it
         stored = store.read_run(Path(run["path"]))["diagnosis"]["recommendations"]
         assert [r["expected"]["source"] for r in stored if r["set"] == rec["set"]] == ["measured"]
+        page = Path(run["path"]) / "measured.html"
+        assert glmperf("report", "plain", "--runs-dir", str(runs), "-o", str(page)).returncode == 0
+        assert f"tokens/s {tps['low']:+.0f}% to {tps['high']:+.0f}% (measured)" in page.read_text()
     started = time.perf_counter()  # a budget too small to start a probe: what it has is the cache's
     again = json.loads(glmperf("recommend", "plain", "--runs-dir", str(runs), "--json", "--probe-budget", "1").stdout)
     assert again["probes"]["measured"] == 0 and again["probes"]["cached"] == advice["probes"]["measured"] > 0
