@@ -19,9 +19,9 @@ import pytest
 from profiler import store
 from profiler.advice.advise import advise
 from profiler.advice.measured import ProbeBudget, gain_from_probe
+from profiler.advice.probes import Probe, Prober, keep
 from profiler.analysis import load_run
 from profiler.analysis.figures import Figure
-from profiler.experiments.probes import Probe, Prober, keep
 from profiler.metrics import PHASE_NAMES
 from tests.conftest import TINY, cli, copy_run, glmperf
 

@@ -1,5 +1,5 @@
 """Expected gains measured, not modelled: each recommendation's change probed on the run's own model,
-shapes and machine (profiler.experiments.probes), its range recomputed from what the probe measured.
+shapes and machine (profiler.advice.probes), its range recomputed from what the probe measured.
 
 A probe gives, per round, each side's time per token in every phase. A phase's ratio is the changed
 side's time over the baseline's; the expected step is Amdahl's law over the *run's* measured breakdown,
@@ -28,10 +28,10 @@ import torch
 from optimizers import REGISTRY, Candidate
 from optimizers.vocabulary import Bottleneck
 from profiler.advice.diagnose import v
+from profiler.advice.probes import Probe, ProbeError, Prober, cached, keep
 from profiler.advice.recommend import SPEED_ASSUMED, effect_fraction, score_of, severities
 from profiler.analysis import RunData
 from profiler.analysis.figures import Figures
-from profiler.experiments.probes import Probe, ProbeError, Prober, cached, keep
 from profiler.metrics import PHASE_NAMES, lookup
 from profiler.settings import settings_text
 
