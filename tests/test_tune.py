@@ -19,7 +19,8 @@ def test_tune_on_tiny_ends_in_a_proven_config_within_budget_with_a_complete_reco
     extra = ["profile.trace_window=[1, 1, 2]", "data.io_delay_ms=30"]
     overrides = [a for o in TINY + extra for a in ("--set", o)]
     proc = glmperf("tune", "--preset", "tiny", *overrides, "--steps", "14", "--repeats", "2", "--max-repeats", "4",
-                   "--max-rounds", "2", "--memory-budget-gb", "64", "--runs-dir", str(runs_dir), "--no-progress",
+                   "--max-rounds", "2", "--memory-budget-gb", "64", "--probe-budget", "10", "--runs-dir", str(runs_dir),
+                   "--no-progress",
                    "--json")
     assert proc.returncode == 0, proc.stderr
     record = json.loads(proc.stdout)
