@@ -39,7 +39,8 @@ def _expected(rec: dict[str, Any]) -> tuple[float, float] | None:
     return None
 
 
-def verify(scenario: Scenario, runs_dir: Path, repeats: int, steps: int, probe_budget: float) -> list[object]:
+def verify(scenario: Scenario, runs_dir: Path, repeats: int, max_repeats: int, steps: int, probe_budget: float
+           ) -> list[object]:
     cfg = load_config(preset=scenario.preset, overrides=[*scenario.overrides, f"train.steps={steps}"],
                       nproc=scenario.nproc)
     ((_, run_dir),) = run_cells([Cell(scenario.name, cfg, nproc=scenario.nproc)], runs_dir=runs_dir, progress=False)
@@ -47,8 +48,9 @@ def verify(scenario: Scenario, runs_dir: Path, repeats: int, steps: int, probe_b
     advice = advise(run, probes=ProbeBudget(total_s=probe_budget) if probe_budget > 0 else None)
     first = advice["bottlenecks"][0]["kind"] if advice["bottlenecks"] else "none"
     if not advice["recommendations"]:
-        return [scenario.name, first, "no recommendation", "", "", "", "", "", ""]
-    verification = run_verification(run, advice, top=1, repeats=repeats, steps=steps, runs_dir=runs_dir,
+        return [scenario.name, first, "no recommendation", "", "", "", "", "", "", "", ""]
+    verification = run_verification(run, advice, top=1, repeats=repeats, max_repeats=max_repeats, steps=steps,
+                                    runs_dir=runs_dir,
                                     progress=False)
     (result,) = verification["results"]
     change = " ".join(f"{k}={v}" for k, v in result["set"].items())
@@ -60,11 +62,14 @@ def verify(scenario: Scenario, runs_dir: Path, repeats: int, steps: int, probe_b
         measured = f"stability events {sum(m.get('base', []))} -> {sum(m.get('cand', []))}" if m else "not run"
     inside = "n/a" if expected is None or "change_pct" not in m else \
         "yes" if expected[0] <= m["change_pct"] <= expected[1] else "no"
+    overlap = "n/a" if expected is None or inside == "n/a" else \
+        "yes" if m["low_pct"] <= expected[1] and expected[0] <= m["high_pct"] else "no"
     exp_text = "steadier training" if expected is None else f"{expected[0]:+.0f}% to {expected[1]:+.0f}%"
     probe = (result["expected"] or {}).get("probe")
     source = (result["expected"] or {}).get("source", "modelled") if expected is not None else ""
     cost = f"{probe['cost_s']:.0f} s" if probe else ""
-    return [scenario.name, first, change, exp_text, source, cost, measured, result["verdict"], inside]
+    runs = f"{result['repeats']} a side" if "repeats" in result else ""
+    return [scenario.name, first, change, exp_text, source, cost, measured, runs, result["verdict"], inside, overlap]
 
 
 def main() -> None:
@@ -73,10 +78,12 @@ def main() -> None:
     p.add_argument("--steps", type=int)
     p.add_argument("--only", nargs="*", help="scenario names (default: all this machine can induce)")
     p.add_argument("--quick", action="store_true", help="2 repeats of 16 steps")
+    p.add_argument("--max-repeats", type=int, default=6,
+                   help="runs a side a verification may grow to while inconclusive (sequential; default 6)")
     p.add_argument("--probe-budget", type=float, default=120.0,
                    help="seconds of what-if probes per scenario, as `glmperf recommend` (0: modelled ranges)")
     args = p.parse_args()
-    mode = mode_label(args, ["repeats", "steps", "only"])
+    mode = mode_label(args, ["repeats", "steps", "only", "max_repeats"])
     repeats = args.repeats or (2 if args.quick else 3)
     steps = args.steps or (16 if args.quick else 24)
     # one torch thread, as the diagnosis scenarios run (their subprocesses get OMP_NUM_THREADS=1)
@@ -87,15 +94,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for s in chosen:
             print(f"verifying: {s.name}", flush=True)
-            rows.append(verify(s, Path(tmp), repeats, steps, args.probe_budget))
-    inside = [r for r in rows if r[-1] in ("yes", "no")]
+            rows.append(verify(s, Path(tmp), repeats, max(repeats, args.max_repeats), steps, args.probe_budget))
+    inside = [r for r in rows if r[-2] in ("yes", "no")]
     text = header("Verified recommendations across the diagnosis scenarios") + (
         f"- mode: {mode}\n- each: the scenario's run, then `glmperf recommend RUN --verify --top 1 --repeats "
-        f"{repeats} --steps {steps} --probe-budget {args.probe_budget:g}` (the expected range probed on this "
+        f"{repeats} --max-repeats {max(repeats, args.max_repeats)} --steps {steps} "
+        f"--probe-budget {args.probe_budget:g}` (the expected range probed on this "
         "machine where a probe can measure it; fresh baseline and candidate interleaved, 99% intervals)\n\n")
     text += table(["scenario", "diagnosed first", "top recommendation", "expected", "source", "probe cost",
-                   "measured [interval]", "verdict", "inside"], rows)
-    text += f"\n\nMeasured inside the expected range: {sum(r[-1] == 'yes' for r in inside)} of {len(inside)}.\n"
+                   "measured [interval]", "runs", "verdict", "inside", "intervals overlap"], rows)
+    text += (f"\n\nMeasured inside the expected range: {sum(r[-2] == 'yes' for r in inside)} of {len(inside)}; "
+             f"the verification's interval overlapping the expected one: {sum(r[-1] == 'yes' for r in inside)} "
+             f"of {len(inside)}.\n")
     skipped = [f"- {s.name}: {s.skip}" for s in SCENARIOS if s.skip]
     if skipped:
         text += "\nNot induced on this machine:\n" + "\n".join(skipped) + "\n"
