@@ -33,11 +33,15 @@ def _glmperf(*args: str, env: dict[str, str]) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--repeats", type=int, default=3, help="runs of each side in the verification")
-    p.add_argument("--verify-steps", type=int, default=30)
+    p.add_argument("--steps", type=int, help="steps of the advised run (default 60)")
+    p.add_argument("--repeats", type=int, help="runs of each side in the verification (default 3)")
+    p.add_argument("--verify-steps", type=int, help="steps of each verification run (default 30)")
+    p.add_argument("--quick", action="store_true", help="a 20-step run, 2 repeats of 15 steps")
     args = p.parse_args()
     mode = mode_label(args, ["steps", "repeats", "verify_steps"])
+    args.steps = args.steps or (20 if args.quick else 60)
+    args.repeats = args.repeats or (2 if args.quick else 3)
+    args.verify_steps = args.verify_steps or (15 if args.quick else 30)
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "GLMPERF_CACHE": str(Path(tmp) / "cache"), "GLMPERF_RUNS": str(Path(tmp) / "runs")}
         started = time.perf_counter()

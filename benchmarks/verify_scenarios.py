@@ -78,7 +78,7 @@ def main() -> None:
     p.add_argument("--steps", type=int)
     p.add_argument("--only", nargs="*", help="scenario names (default: all this machine can induce)")
     p.add_argument("--quick", action="store_true", help="2 repeats of 16 steps")
-    p.add_argument("--max-repeats", type=int, default=6,
+    p.add_argument("--max-repeats", type=int,
                    help="runs a side a verification may grow to while inconclusive (sequential; default 6)")
     p.add_argument("--probe-budget", type=float, default=120.0,
                    help="seconds of what-if probes per scenario, as `glmperf recommend` (0: modelled ranges)")
@@ -94,11 +94,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for s in chosen:
             print(f"verifying: {s.name}", flush=True)
-            rows.append(verify(s, Path(tmp), repeats, max(repeats, args.max_repeats), steps, args.probe_budget))
+            rows.append(verify(s, Path(tmp), repeats, max(repeats, args.max_repeats or 6), steps, args.probe_budget))
     inside = [r for r in rows if r[-2] in ("yes", "no")]
     text = header("Verified recommendations across the diagnosis scenarios") + (
         f"- mode: {mode}\n- each: the scenario's run, then `glmperf recommend RUN --verify --top 1 --repeats "
-        f"{repeats} --max-repeats {max(repeats, args.max_repeats)} --steps {steps} "
+        f"{repeats} --max-repeats {max(repeats, args.max_repeats or 6)} --steps {steps} "
         f"--probe-budget {args.probe_budget:g}` (the expected range probed on this "
         "machine where a probe can measure it; fresh baseline and candidate interleaved, 99% intervals)\n\n")
     text += table(["scenario", "diagnosed first", "top recommendation", "expected", "source", "probe cost",
