@@ -41,6 +41,7 @@ from profiler.instruments.machine import cache_dir, cpu_flags, device_name
 from profiler.instruments.step_timer import StepTimer
 from profiler.metrics import PHASE_NAMES
 from profiler.settings import override_texts
+from profiler.store.files import StoreError, write_json_atomic
 from reference_model.context import resolve_device
 from reference_model.trainer import Trainer
 
@@ -136,11 +137,9 @@ def cached(key: str) -> Probe | None:
 def keep(key: str, probe: Probe) -> None:
     """Cache `probe` (atomically); an unwritable cache only costs a new probe next time."""
     path = cache_dir() / "probes" / f"{key}.json"
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, StoreError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(asdict(probe), indent=1), encoding="utf-8")
-        tmp.replace(path)
+        write_json_atomic(path, asdict(probe))
 
 
 class _Rows:
