@@ -10,6 +10,7 @@ change a probe measured slower is dropped with its figures.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from profiler import store
 from profiler.advice.advise import advise
 from profiler.advice.measured import ProbeBudget, gain_from_probe
 from profiler.advice.probes import Probe, Prober, keep
+from profiler.advice.spread import Spread, record, run_to_run
 from profiler.analysis import load_run
 from profiler.analysis.figures import Figure
 from profiler.metrics import PHASE_NAMES
@@ -69,6 +71,40 @@ def test_communication_one_process_cannot_time_stays_modelled_and_widens_the_ran
     gain = gain_from_probe(probe, shares, comm_ratio=(0.25, 0.75))  # the catalog: comm shrinks by 25-75%
     assert gain["low"] == pytest.approx(100 * (1 / (0.5 + 0.5 * 0.75) - 1))
     assert gain["high"] == pytest.approx(100 * (1 / (0.5 + 0.5 * 0.25) - 1))
+
+
+def test_a_range_leaves_room_for_the_machine_s_run_to_run_spread() -> None:
+    # a probe with no noise of its own halves the step: +100%; on a machine whose fresh runs spread by 3%
+    # (sigma of log tokens/s), the next run against this one, and the probe's own process, add Z sqrt(3) 3%
+    steady = _probe({"forward": 1.0}, {"forward": 0.5})
+    gain = gain_from_probe(steady, _shares(forward=100), spread=0.03)
+    extra = 1.645 * math.sqrt(3) * 0.03
+    assert gain["point"] == pytest.approx(100.0)
+    assert gain["low"] == pytest.approx(100 * (2 * math.exp(-extra) - 1))
+    assert gain["high"] == pytest.approx(100 * (2 * math.exp(extra) - 1))
+
+
+def test_recorded_verifications_widen_the_advice_and_say_so(completed_run: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLMPERF_CACHE", str(tmp_path / "cache"))
+    run = load_run(copy_run(completed_run, tmp_path / "runs"))
+    change = advise(run)["recommendations"][0]["set"]
+    prober = Prober(run.config, device=run.device, threads=int(run.rank(0)["torch_threads"]))
+    keep(prober.key(change), _probe({"data": 2e-4, "forward": 1e-4}, {"data": 1e-5, "forward": 1e-4}))
+    prober.close()
+    alone = advise(run, probes=ProbeBudget(total_s=0.0))["recommendations"][0]["expected"]
+    assert "not measured yet" in alone["basis"] and alone["run_to_run"] == {}
+    # two verifications' repeated runs of one config each, tokens/s as a verification stores them
+    record({"tokens_per_s": [[1000.0, 1040.0, 980.0], [500.0, 530.0]]}, run.device)
+    logs = [[math.log(x) for x in g] for g in ([1000.0, 1040.0, 980.0], [500.0, 530.0])]
+    sigma = math.sqrt(sum(sum((x - sum(g) / len(g)) ** 2 for x in g) for g in logs) / 3)
+    assert run_to_run("tokens_per_s", run.device) == Spread(pytest.approx(sigma), runs=5, groups=2)
+    widened = advise(run, probes=ProbeBudget(total_s=0.0))["recommendations"][0]["expected"]
+    tps, before = widened["tokens_per_s"], alone["tokens_per_s"]
+    assert tps["point"] == pytest.approx(before["point"])
+    assert tps["low"] < before["low"] and tps["high"] > before["high"]
+    assert widened["run_to_run"] == {"tokens_per_s": {"sigma_pct": round(100 * sigma, 2), "runs": 5}}
+    assert f"tokens_per_s {100 * sigma:.1f}% over 5 runs" in widened["basis"]
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,13 @@ runs where the gain is induced (a loader delay taken away) or none (the config i
 from __future__ import annotations
 
 import io
+import math
+from pathlib import Path
 
 import pytest
 
 from profiler import store
+from profiler.advice.spread import Spread, run_to_run
 from profiler.analysis import load_run
 from profiler.cli import tune as cli_tune
 from profiler.cli.tune import _print as print_tune
@@ -109,7 +112,8 @@ def test_a_clear_gain_is_confirmed_at_the_starting_repeats_without_adding_any(tm
 
 
 @pytest.mark.slow
-def test_a_change_of_nothing_runs_to_the_most_repeats_and_stays_inconclusive(tmp_path):
+def test_a_change_of_nothing_runs_to_the_most_repeats_and_stays_inconclusive(tmp_path, monkeypatch):
+    monkeypatch.setenv("GLMPERF_CACHE", str(tmp_path / "cache"))
     base = tiny_run(tmp_path / "base", "train.steps=14", "profile.trace=false")
     same = {"data.io_delay_ms": 0}  # what the run already does: any difference is the machine's noise
     verification, ran = _verify(base, same, tmp_path / "cells", most=4)
@@ -119,6 +123,12 @@ def test_a_change_of_nothing_runs_to_the_most_repeats_and_stays_inconclusive(tmp
     assert len(result["runs"]) == 4 and len(verification["baseline_runs"]) == verification["repeats"] == 4
     assert [c.links["verifies"]["repeat"] for c in ran] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert [c.cfg.profile.trace for c in ran] == [False] * 8
+    # what the 4 + 4 fresh runs of two configs showed of this machine is kept for the next advice
+    tps = [[store.read_run(Path(r["path"]))["summary"]["tokens_per_s"] for r in store.list_runs(tmp_path / "cells")
+            if r["verifies"]["trial"] == trial] for trial in ("baseline", "io_delay_ms")]
+    logs = [[math.log(x) for x in group] for group in tps]
+    pooled = math.sqrt(sum(sum((x - sum(g) / 4) ** 2 for x in g) for g in logs) / 6)
+    assert run_to_run("tokens_per_s", "cpu") == Spread(pytest.approx(pooled), runs=8, groups=2)
     # a time budget that allows no more cells stops it at the first look
     asked: list[int] = []
     verification, ran = _verify(base, same, tmp_path / "budget", most=4, may_add=lambda n: asked.append(n) or False)

@@ -6,8 +6,11 @@ side's time over the baseline's; the expected step is Amdahl's law over the *run
 new = sum of share_p x ratio_p, so a run whose time goes elsewhere (data, checkpoints) gains what its own
 breakdown allows. A phase the probe's baseline spends under MIN_PHASE of its step in keeps its share as
 it is (its ratio would be noise), and what one process cannot time (exposed communication) keeps the
-catalog's model, said in `modelled_parts`. The interval is a bootstrap over the probe's rounds, so its
-width is the probe's own noise. Memory: the change in bytes held across a step over the run's peak.
+catalog's model, said in `modelled_parts`. The interval is a bootstrap over the probe's rounds (the
+probe's own noise), widened by what the probe cannot see: how much a fresh run of one config moves from
+run to run on this machine (profiler.advice.spread, learned from every verification), so the range is
+one for the user's next run against the run advised. Memory: the change in bytes held across a step over
+the run's peak, widened the same way.
 
 Every expected range says where it comes from: `source` is "measured" (with the probe's rounds, cost
 and one-off cost) or "modelled" (the catalog's prior, scaled by the run's figures), and why a change
@@ -28,14 +31,17 @@ import torch
 from optimizers import REGISTRY, Candidate
 from optimizers.vocabulary import Bottleneck
 from profiler.advice.diagnose import v
-from profiler.advice.probes import Probe, ProbeError, Prober, cached, keep
+from profiler.advice.probes import RELATIVE_WIDTH, Probe, ProbeError, Prober, cached, keep
 from profiler.advice.recommend import SPEED_ASSUMED, effect_fraction, score_of, severities
+from profiler.advice.spread import Spread, run_to_run
 from profiler.analysis import RunData
 from profiler.analysis.figures import Figures
 from profiler.metrics import PHASE_NAMES, lookup
 from profiler.settings import settings_text
 
 CONFIDENCE = 0.90
+Z = 1.645
+"""The normal quantile of a two-sided CONFIDENCE interval."""
 RESAMPLES = 400
 MIN_PHASE = 0.02
 """A phase under this share of the probe baseline's step keeps its ratio at 1."""
@@ -91,12 +97,13 @@ def _ratios(probe: Probe, rounds: Sequence[int], timed: Sequence[str]) -> dict[s
     return out
 
 
-def gain_from_probe(probe: Probe, figures: Figures, *, comm_ratio: tuple[float, float] = (1.0, 1.0)
-                    ) -> dict[str, float]:
+def gain_from_probe(probe: Probe, figures: Figures, *, comm_ratio: tuple[float, float] = (1.0, 1.0),
+                    spread: float = 0.0) -> dict[str, float]:
     """The expected tokens/s change: {"point", "low", "high"} in %, the interval a bootstrap over rounds.
 
     `comm_ratio`: the (best, worst) ratio of the run's exposed communication as the catalog models it;
-    its spread widens the interval."""
+    its spread widens the interval. `spread`: one fresh run's sigma of log(tokens/s) on this machine
+    (profiler.advice.spread); the interval becomes one for the user's next run against this one."""
     shares = _shares(figures)
     base_step = sum(sum(r.values()) for r in probe.base)
     timed = [p for p in PHASE_NAMES if p != "comm" and sum(r[p] for r in probe.base) >= MIN_PHASE * base_step]
@@ -110,8 +117,36 @@ def gain_from_probe(probe: Probe, figures: Figures, *, comm_ratio: tuple[float, 
     rng = random.Random(0)
     draws = sorted(gain([rng.randrange(probe.rounds) for _ in everything], middle) for _ in range(RESAMPLES))
     tail = (1 - CONFIDENCE) / 2
-    return {"point": point, "low": draws[int(tail * RESAMPLES)] - (point - gain(everything, comm_ratio[1])),
-            "high": draws[int((1 - tail) * RESAMPLES) - 1] + (gain(everything, comm_ratio[0]) - point)}
+    low, high = _widened(point, draws[int(tail * RESAMPLES)], draws[int((1 - tail) * RESAMPLES) - 1], spread)
+    return {"point": point, "low": low - (point - gain(everything, comm_ratio[1])),
+            "high": high + (gain(everything, comm_ratio[0]) - point)}
+
+
+RUNS_IN_A_PREDICTION = 3
+"""The user's next run, the run advised, and the probe's own process (two probes of one change in two
+processes differ about as much as two runs do): each carries one run's spread."""
+
+
+def run_to_run_width(spread: float) -> float:
+    """Half the 90% width, in log(value), that RUNS_IN_A_PREDICTION runs' spread adds on a machine whose
+    fresh runs spread by `spread` (sigma of log(value))."""
+    return Z * math.sqrt(RUNS_IN_A_PREDICTION) * spread
+
+
+def _widened(point: float, low: float, high: float, spread: float) -> tuple[float, float]:
+    """A gain interval (in %) widened, on the log scale of the step time, by the run-to-run spread."""
+    if spread <= 0:
+        return low, high
+    extra = run_to_run_width(spread)
+    centre = _log_step(point)
+    up, down = _log_step(low) - centre, centre - _log_step(high)
+    return (100 * (math.exp(-(centre + math.hypot(up, extra))) - 1),
+            100 * (math.exp(-(centre - math.hypot(down, extra))) - 1))
+
+
+def _log_step(gain: float) -> float:
+    """log of the step time's ratio that a tokens/s gain (in %) means."""
+    return -math.log1p(gain / 100)
 
 
 def _comm(candidate: Candidate | None, figures: Figures) -> tuple[tuple[float, float], bool]:
@@ -125,14 +160,17 @@ def _comm(candidate: Candidate | None, figures: Figures) -> tuple[tuple[float, f
     return (1 + sign * high, 1 + sign * low) if sign < 0 else (1 + sign * low, 1 + sign * high), True
 
 
-def expected_from_probe(rec: Mapping[str, Any], probe: Probe, figures: Figures, *, was_cached: bool
-                        ) -> dict[str, Any]:
+def expected_from_probe(rec: Mapping[str, Any], probe: Probe, figures: Figures, *, was_cached: bool,
+                        spreads: Mapping[str, Spread | None] | None = None) -> dict[str, Any]:
     """A recommendation's `expected` from its probe: the modelled one's keys, `source` "measured", the
     probe's own figures, and `modelled_parts` for what stays modelled (communication; memory a probe of
-    speed did not count)."""
+    speed did not count). `spreads`: this machine's run-to-run spread by metric (profiler.advice.spread),
+    which widens each range to one for the user's next run; `run_to_run` says what was used."""
     modelled = rec["expected"]
+    spreads = spreads or {}
     comm, modelled_comm = _comm(_candidate(rec), figures)
-    tps = gain_from_probe(probe, figures, comm_ratio=comm)
+    speed, held = spreads.get("tokens_per_s"), spreads.get("peak_memory")
+    tps = gain_from_probe(probe, figures, comm_ratio=comm, spread=speed.sigma if speed else 0.0)
     out: dict[str, Any] = {"tokens_per_s": {"low": tps["low"], "high": tps["high"], "point": tps["point"],
                                             "unit": "%", "confidence": CONFIDENCE}}
     parts = ["comm"] if modelled_comm else []
@@ -143,19 +181,33 @@ def expected_from_probe(rec: Mapping[str, Any], probe: Probe, figures: Figures, 
         basis += f"; a one-off {probe.one_off_s:.0f} s before the first step"
     if probe.memory and peak > 0 and math.isfinite(probe.memory["base"]):
         change = 100 * (probe.memory["cand"] - probe.memory["base"]) / (peak * 2**30)
-        out["peak_memory"] = {"low": change, "high": change, "unit": "%", "from_gib": peak,
-                              "to_gib": [peak * (1 + change / 100)] * 2}
+        half = 100 * run_to_run_width(held.sigma) if held else 0.0
+        out["peak_memory"] = {"low": change - half, "high": change + half, "unit": "%", "from_gib": peak,
+                              "to_gib": [peak * (1 + (change - half) / 100), peak * (1 + (change + half) / 100)]}
         basis += f"; held memory {change:+.1f}% of the run's peak ({probe.memory_kind})"
     elif "peak_memory" in modelled:
         out["peak_memory"] = modelled["peak_memory"]
         parts.append("peak_memory")
     if modelled_comm:
         basis += "; exposed communication modelled (one process cannot measure it)"
+    used = {m: s for m, s in spreads.items() if m == "tokens_per_s" or "peak_memory" not in parts}
+    basis += _spread_text(used)
+    out["run_to_run"] = {m: {"sigma_pct": round(100 * s.sigma, 2), "runs": s.runs} for m, s in used.items() if s}
     out.update(basis=basis, source="measured", modelled_parts=parts,
                probe={"rounds": probe.rounds, "cost_s": round(probe.cost_s, 1), "one_off_s": round(probe.one_off_s, 1),
                       "cached": was_cached, "stopped": probe.stopped, "machine": probe.machine,
                       "threads": probe.threads, "measured": probe.measured})
     return out
+
+
+def _spread_text(spreads: Mapping[str, Spread | None]) -> str:
+    """How the ranges allow for a fresh run's spread on this machine, for the basis."""
+    known = {m: s for m, s in spreads.items() if s}
+    if not known:
+        return ("; the run-to-run spread of this machine is not measured yet (a verification measures it): "
+                "the range is the probe's alone")
+    return "; widened for the next run against this one (this machine's run-to-run spread: " + ", ".join(
+        f"{m} {100 * s.sigma:.1f}% over {s.runs} runs" for m, s in known.items()) + ")"
 
 
 def why_not_probed(rec: Mapping[str, Any], run: RunData) -> str | None:
@@ -172,8 +224,8 @@ def why_not_probed(rec: Mapping[str, Any], run: RunData) -> str | None:
     return None
 
 
-def _probe_one(prober: Prober, rec: Mapping[str, Any], budget_s: float,
-               progress: Callable[[str], None] | None) -> tuple[Probe | None, bool, str | None]:
+def _probe_one(prober: Prober, rec: Mapping[str, Any], budget_s: float, progress: Callable[[str], None] | None,
+               width: float) -> tuple[Probe | None, bool, str | None]:
     """(the probe, whether it was cached, why there is none)."""
     key = prober.key(rec["set"])
     found = cached(key)
@@ -184,7 +236,7 @@ def _probe_one(prober: Prober, rec: Mapping[str, Any], budget_s: float,
     if progress is not None:
         progress(f"probing {settings_text(rec['set'])} (up to {budget_s:.0f} s)")
     try:
-        found = prober.measure(rec["set"], budget_s=budget_s, memory=rec["judged_by"] == "peak_memory")
+        found = prober.measure(rec["set"], budget_s=budget_s, memory=rec["judged_by"] == "peak_memory", width=width)
     except ProbeError as exc:
         return None, False, str(exc)
     except Exception as exc:  # the change failed in a trainer: the advice stands, modelled
@@ -222,6 +274,9 @@ def probe_advice(run: RunData, advice: Mapping[str, Any], figures: Figures, budg
     recs, excluded = [], list(advice["excluded"])
     spent, measured, reused = 0.0, 0, 0
     threads = int(run.rank(0).get("torch_threads") or 0) or None
+    spreads = {m: run_to_run(m, run.device) for m in ("tokens_per_s", "peak_memory")}
+    speed = spreads["tokens_per_s"]
+    width = max(RELATIVE_WIDTH, run_to_run_width(speed.sigma)) if speed else RELATIVE_WIDTH
     with Prober(run.config, device=run.device, threads=threads) as prober:
         order = sorted(advice["recommendations"], key=lambda r: any(k.startswith(DEAREST) for k in r["set"]))
         for original in order:
@@ -230,13 +285,13 @@ def probe_advice(run: RunData, advice: Mapping[str, Any], figures: Figures, budg
             found = None
             if reason is None:
                 found, was_cached, reason = _probe_one(prober, rec, min(budget.per_change_s, budget.total_s - spent),
-                                                       progress)
+                                                       progress, width)
             if found is None:
                 rec["expected"]["not_probed"] = reason
             else:
                 reused += was_cached
                 spent, measured = spent + (0.0 if was_cached else found.cost_s), measured + (not was_cached)
-                rec["expected"] = expected_from_probe(rec, found, figures, was_cached=was_cached)
+                rec["expected"] = expected_from_probe(rec, found, figures, was_cached=was_cached, spreads=spreads)
                 kinds = [Bottleneck[k.upper()] for k in rec["addresses"]]
                 rec["score"] = score_of(kinds, severity, rec["expected"])[0]
             refused = _refusal(rec, explored)

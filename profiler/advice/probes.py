@@ -6,8 +6,8 @@ turn, in ABBA order, so a machine that gets busier slows both sides alike. Each 
 run's own step timer, phase by phase (CUDA events on a GPU, read after each step), so a probe measures
 what a run measures. The first WARMUP steps of each side are set apart: their excess over a steady
 step is the change's one-off cost (torch.compile's compile time), reported, never mixed into the step.
-Rounds are added until the step-time ratio's interval is narrower than RELATIVE_WIDTH, MAX_ROUNDS are
-done, or the probe's time is spent.
+Rounds are added until the step-time ratio's interval is narrower than RELATIVE_WIDTH (or the machine's
+run-to-run spread, when wider: profiler.advice.spread), MAX_ROUNDS are done, or the probe's time is spent.
 
 A probe keeps, per round, each side's time per token in every phase, and, when the change is about
 memory, what each side holds across a step: on CUDA the allocator's step peak; on the CPU, which has no
@@ -239,9 +239,11 @@ class Prober:
         finally:
             torch.set_num_threads(before)
 
-    def measure(self, change: Mapping[str, Any], *, budget_s: float, memory: bool = False) -> Probe:
+    def measure(self, change: Mapping[str, Any], *, budget_s: float, memory: bool = False,
+                width: float = RELATIVE_WIDTH) -> Probe:
         """Probe `change` against the run's config within about `budget_s` seconds (warmup and two
-        trainers' building included; MIN_ROUNDS are always done)."""
+        trainers' building included; MIN_ROUNDS are always done), until the step ratio's 90% interval is
+        narrower than `width` (relative): no narrower than what a fresh run would blur it by."""
         started = time.perf_counter()
         cand_cfg = self._config(change, "cand")
         with self._threads():
@@ -252,12 +254,12 @@ class Prober:
             base = self._base
             cand = _Side(cand_cfg, self.workdir / "cand")
             try:
-                return self._rounds(change, base, cand, started, budget_s, memory)
+                return self._rounds(change, base, cand, started, budget_s, memory, width)
             finally:
                 cand.close()
 
     def _rounds(self, change: Mapping[str, Any], base: _Side, cand: _Side, started: float, budget_s: float,
-                memory: bool) -> Probe:
+                memory: bool, width: float) -> Probe:
         probe = Probe(change=dict(change), threads=self.threads, machine=device_name(cand.trainer.device))
         warm = [cand.step()["step_s"] for _ in range(WARMUP)]
         stopped = f"{MAX_ROUNDS} rounds"
@@ -268,8 +270,8 @@ class Prober:
             probe.cand.append(per_token(rows[id(cand)]))
             if probe.rounds < MIN_ROUNDS:
                 continue
-            if _interval_width(probe.step_ratios()) < RELATIVE_WIDTH:
-                stopped = f"the step ratio's 90% interval is within {RELATIVE_WIDTH:.0%}"
+            if _interval_width(probe.step_ratios()) < width:
+                stopped = f"the step ratio's 90% interval is within {width:.0%}"
                 break
             spent = time.perf_counter() - started
             if spent + spent / (WARMUP + i + 1) > budget_s:  # another round would overrun

@@ -29,9 +29,8 @@ that may come, 1 - (1 - CONFIDENCE) / looks (99% over 5 looks: 99.8% at each). B
 the chance that any look's interval misses the true change stays within 1 - CONFIDENCE (as far as
 compare's intervals hold their confidence), whatever the looks' dependence. With one look (`most`
 equal to the starting repeats) that is compare's own 99%. The price: each look's interval is wider,
-so a change that the first look would have decided at 99% may need a repeat more. A stability
-remedy's verdict counts events and reads no interval (no confidence to correct): more repeats only
-give it more runs to count.
+so a change that the first look would have decided at 99% may need a repeat more. A stability remedy's
+verdict counts events and reads no interval (no confidence to correct): more repeats give it more runs.
 """
 
 from __future__ import annotations
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler import store
+from profiler.advice.spread import record_runs
 from profiler.analysis import RunData, RunRecord, analyze, load_run, summary_of
 from profiler.compare.gate import DEFAULT_REPORTED, LOSS_PARITY, Gate, Threshold
 from profiler.compare.runs import compare
@@ -315,6 +315,13 @@ class Sequential:
     def run(self, execute: Execute, *, may_add: Callable[[int], bool] | None = None) -> dict[str, Any]:
         """Run to the end; the verification (`judge_trials`' shape). `may_add(n)`: whether n more cells
         may run (a time budget). Ctrl-C propagates; `verification()` then holds what was measured."""
+        try:
+            self._until_decided(execute, may_add)
+        finally:
+            record_runs(self.runs().values())  # what the repeated runs showed of this machine's spread
+        return self.verification()
+
+    def _until_decided(self, execute: Execute, may_add: Callable[[int], bool] | None) -> None:
         cells, repeat = self.trials.cells, self.trials.repeats
         while True:
             try:
@@ -333,7 +340,6 @@ class Sequential:
                 break
             cells = repeat_cells(self.trials, repeat, {"baseline", *self._open}, of=self.looks.most)
             repeat += 1
-        return self.verification()
 
     def runs(self) -> dict[str, list[RunData]]:
         """The stored runs so far, by trial (each loaded once)."""

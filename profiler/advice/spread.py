@@ -1,0 +1,99 @@
+"""How much a fresh run of one config moves from run to run on this machine: what an expected range must
+leave room for.
+
+A probe measures a change side by side in one process over seconds; the user's next run is another
+process, minutes later. On a shared or virtual machine two fresh runs of the same config differ by
+several percent (on 2 vCPUs of an Intel Xeon: four bf16 runs of `small` at 78 to 89 us per token, one
+after another), which no probe sees. So every verification (`glmperf recommend --verify`, `glmperf
+tune`) keeps what its repeated runs showed: per metric, the pooled variance of log(value) within each
+group of runs of one config. An expected range is then the probe's interval widened by this machine's
+spread (profiler.advice.measured), and a probe stops adding rounds once it is narrower than that
+spread. Until a verification has run on a machine, ranges say that its spread is not measured yet.
+
+Kept in $GLMPERF_CACHE/spread/<machine>.json (the device, its name and ISA flags), the last GROUPS groups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from profiler.analysis import RunData, summary_of
+from profiler.instruments.machine import cache_dir, cpu_flags, device_name
+from profiler.metrics import METRIC_BY_NAME, lookup
+from profiler.store.files import StoreError, write_json_atomic
+
+METRICS = ("tokens_per_s", "peak_memory")
+GROUPS = 64
+"""Groups kept per metric: recent verifications speak for the machine as it is now."""
+MIN_DOF = 3
+"""Degrees of freedom below which no spread is claimed."""
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One fresh run's spread of a metric on this machine."""
+
+    sigma: float
+    """Standard deviation of log(value) of one run: about the relative spread (0.04: 4%)."""
+    runs: int
+    groups: int
+
+
+def _file(device: torch.device | str) -> Path:
+    device = torch.device(device)
+    who = json.dumps([device.type, device_name(device), cpu_flags()])
+    return cache_dir() / "spread" / f"{hashlib.sha256(who.encode()).hexdigest()[:16]}.json"
+
+
+def _read(device: torch.device | str) -> dict[str, list[list[float]]]:
+    try:
+        data = json.loads(_file(device).read_text(encoding="utf-8"))
+        return {m: [[float(ss), float(dof)] for ss, dof in data.get(m, [])] for m in METRICS}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {m: [] for m in METRICS}
+
+
+def record(groups: Mapping[str, Sequence[Sequence[float]]], device: torch.device | str) -> None:
+    """Keep each group of repeated runs' values (metric -> groups of one config's per-run values); a group
+    of fewer than two finite positive values says nothing and is skipped. An unwritable cache only
+    loses the observation."""
+    kept = _read(device)
+    for metric, values in groups.items():
+        for group in values:
+            logs = [math.log(x) for x in group if math.isfinite(x) and x > 0]
+            if len(logs) >= 2:
+                mean = sum(logs) / len(logs)
+                kept[metric].append([sum((x - mean) ** 2 for x in logs), len(logs) - 1])
+        kept[metric] = kept[metric][-GROUPS:]
+    path = _file(device)
+    with contextlib.suppress(OSError, StoreError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, kept)
+
+
+def record_runs(groups: Iterable[Sequence[RunData]]) -> None:
+    """Keep what each group of fresh runs of one config (a verification's baseline, each candidate)
+    showed; only completed runs count, and a traced run is grouped apart (the profiler holds memory)."""
+    done = [[r for r in g if r.status == "completed" and bool(lookup(r.config, "profile.trace")) == traced]
+            for g in groups for traced in (False, True)]
+    done = [g for g in done if len(g) >= 2]
+    if done:
+        record({m: [[METRIC_BY_NAME[m].value(summary_of(r)) for r in g] for g in done] for m in METRICS},
+               done[0][0].device)
+
+
+def run_to_run(metric: str, device: torch.device | str) -> Spread | None:
+    """The pooled spread of `metric` over this machine's recorded groups, or None (too few runs yet)."""
+    groups = _read(device).get(metric, [])
+    dof = sum(d for _, d in groups)
+    if dof < MIN_DOF:
+        return None
+    return Spread(math.sqrt(sum(ss for ss, _ in groups) / dof), runs=int(dof + len(groups)), groups=len(groups))
