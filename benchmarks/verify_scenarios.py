@@ -6,7 +6,9 @@ For every scenario of benchmarks/diagnosis_scenarios.py that this machine can in
 its top recommendation, then `glmperf recommend RUN --verify --top 1` (profiler.experiments.verify: a fresh
 baseline and the changed config, interleaved, `--repeats` runs each). The table sets the expected
 range next to the measured change and its interval, with the verdict; "inside" says whether the
-measured change lies in the expected range (a stability remedy has none).
+measured change lies in the expected range (a stability remedy has none). The scenarios share a cache of
+their own: the first probed range has no run-to-run spread of this machine yet, and each verification's
+runs add to it ("run-to-run sigma": what widened the range).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def verify(scenario: Scenario, runs_dir: Path, repeats: int, max_repeats: int, s
     advice = advise(run, probes=ProbeBudget(total_s=probe_budget) if probe_budget > 0 else None)
     first = advice["bottlenecks"][0]["kind"] if advice["bottlenecks"] else "none"
     if not advice["recommendations"]:
-        return [scenario.name, first, "no recommendation", "", "", "", "", "", "", "", ""]
+        return [scenario.name, first, "no recommendation", "", "", "", "", "", "", "", "", ""]
     verification = run_verification(run, advice, top=1, repeats=repeats, max_repeats=max_repeats, steps=steps,
                                     runs_dir=runs_dir,
                                     progress=False)
@@ -66,10 +68,13 @@ def verify(scenario: Scenario, runs_dir: Path, repeats: int, max_repeats: int, s
         "yes" if m["low_pct"] <= expected[1] and expected[0] <= m["high_pct"] else "no"
     exp_text = "steadier training" if expected is None else f"{expected[0]:+.0f}% to {expected[1]:+.0f}%"
     probe = (result["expected"] or {}).get("probe")
+    spread = (result["expected"] or {}).get("run_to_run", {}).get("tokens_per_s")
+    sigma = f"{spread['sigma_pct']:.1f}% ({spread['runs']} runs)" if spread else "not yet" if probe else ""
     source = (result["expected"] or {}).get("source", "modelled") if expected is not None else ""
     cost = f"{probe['cost_s']:.0f} s" if probe else ""
     runs = f"{result['repeats']} a side" if "repeats" in result else ""
-    return [scenario.name, first, change, exp_text, source, cost, measured, runs, result["verdict"], inside, overlap]
+    return [scenario.name, first, change, exp_text, source, cost, sigma, measured, runs, result["verdict"], inside,
+            overlap]
 
 
 def main() -> None:
@@ -92,6 +97,9 @@ def main() -> None:
     chosen = [s for s in SCENARIOS if not s.skip and (not args.only or s.name in args.only)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        # a cache of its own: no probe or run-to-run spread from an earlier session; each verification
+        # adds its runs' spread, which widens the next scenarios' ranges as it would a user's
+        os.environ["GLMPERF_CACHE"] = str(Path(tmp) / "cache")
         for s in chosen:
             print(f"verifying: {s.name}", flush=True)
             rows.append(verify(s, Path(tmp), repeats, max(repeats, args.max_repeats or 6), steps, args.probe_budget))
@@ -102,7 +110,7 @@ def main() -> None:
         f"--probe-budget {args.probe_budget:g}` (the expected range probed on this "
         "machine where a probe can measure it; fresh baseline and candidate interleaved, 99% intervals)\n\n")
     text += table(["scenario", "diagnosed first", "top recommendation", "expected", "source", "probe cost",
-                   "measured [interval]", "runs", "verdict", "inside", "intervals overlap"], rows)
+                   "run-to-run sigma", "measured [interval]", "runs", "verdict", "inside", "intervals overlap"], rows)
     text += (f"\n\nMeasured inside the expected range: {sum(r[-2] == 'yes' for r in inside)} of {len(inside)}; "
              f"the verification's interval overlapping the expected one: {sum(r[-1] == 'yes' for r in inside)} "
              f"of {len(inside)}.\n")
