@@ -6,7 +6,8 @@ A `small` run (`profile-run --preset small`, fp32, the run a user starts with) i
 its end; then `glmperf recommend RUN --json` probes its changes with a cold probe cache (a fresh
 $GLMPERF_CACHE; torch.compile's own cache stays warm, as on a machine that compiled before), then again
 (cached). Each probed change is then verified (`glmperf recommend RUN --verify`: fresh runs of the
-run's config and the change, interleaved), and its measured gain set next to the probe's range.
+run's config and the change, interleaved), and its measured gain set next to the probe's range. Last,
+with the run-to-run spread that verification kept, the probes are measured again from a cold probe cache.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,6 +31,14 @@ BIN = Path(sys.executable).parent
 def _glmperf(*args: str, env: dict[str, str]) -> dict:
     out = subprocess.run([str(BIN / "glmperf"), *args, "--json"], capture_output=True, text=True, env=env, check=True)
     return json.loads(out.stdout)
+
+
+def _rounds(advice: dict) -> str:
+    """Each measured range's probe rounds and the spread that widened it."""
+    return "; ".join(f"{' '.join(f'{k}={v}' for k, v in r['set'].items())}: {r['expected']['probe']['rounds']} rounds, "
+                     f"{r['expected']['tokens_per_s']['low']:+.1f}% to {r['expected']['tokens_per_s']['high']:+.1f}%, "
+                     f"run-to-run {r['expected'].get('run_to_run', {}).get('tokens_per_s', 'not measured')}"
+                     for r in advice["recommendations"] if r["expected"].get("source") == "measured") or "none measured"
 
 
 def main() -> None:
@@ -57,6 +67,11 @@ def main() -> None:
         probed = [r for r in cold["recommendations"] if r["expected"].get("source") == "measured"]
         verified = _glmperf("recommend", "plain", "--verify", "--top", str(len(probed) or 1), "--repeats",
                             str(args.repeats), "--steps", str(args.verify_steps), "--no-progress", env=env)
+        # the verification kept this machine's run-to-run spread: probes then stop once narrower than it
+        shutil.rmtree(Path(tmp) / "cache" / "probes")
+        started = time.perf_counter()
+        known = _glmperf("recommend", "plain", env=env)
+        known_s = time.perf_counter() - started
     rows = []
     for rec in probed:
         exp, probe = rec["expected"], rec["expected"]["probe"]
@@ -73,7 +88,9 @@ def main() -> None:
         f"- mode: {mode}\n- the run: `profile-run --preset small --steps {args.steps}`: {run_s:.1f} s from launch "
         f"to its end\n- `glmperf recommend RUN` with a cold probe cache: {cold_s:.1f} s ({100 * cold_s / run_s:.0f}% "
         f"of the run; probes {cold['probes']}); asked again: {warm_s:.1f} s\n- verification: `glmperf recommend RUN "
-        f"--verify --repeats {args.repeats} --steps {args.verify_steps}` (99% intervals)\n\n")
+        f"--verify --repeats {args.repeats} --steps {args.verify_steps}` (99% intervals)\n- then with the spread that "
+        f"verification measured and a cold probe cache again: {known_s:.1f} s ({100 * known_s / run_s:.0f}% of the "
+        f"run; probes {known['probes']}; {_rounds(known)})\n\n")
     text += table(["change", "rounds", "probe cost", "of it one-off", "cost / run", "probed [90% interval]",
                    "verified [interval]", "verdict", "inside"], rows)
     write_result("probe_cost", text + "\n")

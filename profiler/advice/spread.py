@@ -48,15 +48,18 @@ class Spread:
     groups: int
 
 
-def _file(device: torch.device | str) -> Path:
+def _file(device: torch.device | str) -> Path | None:
+    """This machine's spread file for `device`; None for a GPU this machine does not have."""
     device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return None
     who = json.dumps([device.type, device_name(device), cpu_flags()])
     return cache_dir() / "spread" / f"{hashlib.sha256(who.encode()).hexdigest()[:16]}.json"
 
 
-def _read(device: torch.device | str) -> dict[str, list[list[float]]]:
+def _read(path: Path | None) -> dict[str, list[list[float]]]:
     try:
-        data = json.loads(_file(device).read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8")) if path is not None else {}
         return {m: [[float(ss), float(dof)] for ss, dof in data.get(m, [])] for m in METRICS}
     except (OSError, ValueError, TypeError, AttributeError):
         return {m: [] for m in METRICS}
@@ -66,7 +69,10 @@ def record(groups: Mapping[str, Sequence[Sequence[float]]], device: torch.device
     """Keep each group of repeated runs' values (metric -> groups of one config's per-run values); a group
     of fewer than two finite positive values says nothing and is skipped. An unwritable cache only
     loses the observation."""
-    kept = _read(device)
+    path = _file(device)
+    if path is None:
+        return
+    kept = _read(path)
     for metric, values in groups.items():
         for group in values:
             logs = [math.log(x) for x in group if math.isfinite(x) and x > 0]
@@ -74,7 +80,6 @@ def record(groups: Mapping[str, Sequence[Sequence[float]]], device: torch.device
                 mean = sum(logs) / len(logs)
                 kept[metric].append([sum((x - mean) ** 2 for x in logs), len(logs) - 1])
         kept[metric] = kept[metric][-GROUPS:]
-    path = _file(device)
     with contextlib.suppress(OSError, StoreError):
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, kept)
@@ -93,7 +98,7 @@ def record_runs(groups: Iterable[Sequence[RunData]]) -> None:
 
 def run_to_run(metric: str, device: torch.device | str) -> Spread | None:
     """The pooled spread of `metric` over this machine's recorded groups, or None (too few runs yet)."""
-    groups = _read(device).get(metric, [])
+    groups = _read(_file(device)).get(metric, [])
     dof = sum(d for _, d in groups)
     if dof < MIN_DOF:
         return None
