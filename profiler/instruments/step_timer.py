@@ -34,7 +34,8 @@ Columns, one row per step and rank (units in the names; copied to docs/run-forma
   `lr`: learning rate the step used. `loss_scale`: GradScaler scale after the step (NaN without).
 - `skipped` (bool): the update was skipped (NaN guard, fp16 overflow).
 - `warmup` (bool): the step includes one-off work (torch.compile); summaries exclude it.
-- `profiled` (bool): the torch.profiler window was collecting (its warmup or active steps), so the
+- `profiled` (bool): the torch.profiler window was collecting (its warmup or active steps), or, with
+  several ranks, it is the step after the window (its collectives wait for every rank's export), so the
   step carries profiler overhead.
 - `mem_alloc_peak_bytes`, `mem_reserved_peak_bytes` (bytes): CUDA `max_memory_allocated` /
   `max_memory_reserved` over the step (peak stats are reset after each step); NaN on CPU.
