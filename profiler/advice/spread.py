@@ -60,7 +60,8 @@ def _file(device: torch.device | str) -> Path | None:
 def _read(path: Path | None) -> dict[str, list[list[float]]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8")) if path is not None else {}
-        return {m: [[float(ss), float(dof)] for ss, dof in data.get(m, [])] for m in METRICS}
+        kept = {m: [[float(ss), float(dof)] for ss, dof in data.get(m, [])] for m in METRICS}
+        return {m: [g for g in groups if g[0] >= 0 and g[1] > 0] for m, groups in kept.items()}  # NaN: out
     except (OSError, ValueError, TypeError, AttributeError):
         return {m: [] for m in METRICS}
 
