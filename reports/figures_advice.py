@@ -26,13 +26,13 @@ def stability(run: RunData) -> go.Figure | None:
     """Loss and grad norm of every step, with spikes, plateaus, NaN/Inf, skipped steps and grad-norm
     outliers marked where they happened."""
     merged = run.merged_steps
-    if merged.empty:
-        return None
+    if merged.empty or "loss" not in merged or merged["loss"].isna().all():
+        return None  # an imported trace records neither loss nor grad norm
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=["loss (mean over ranks)", "grad norm (before clipping, largest rank)"])
     fig.add_scatter(x=merged.index, y=merged["loss"], mode="lines+markers", name="loss", marker={"size": 4},
                     row=1, col=1, hovertemplate="step %{x}: loss %{y:.4f}<extra></extra>")
-    norms = run.steps.groupby("step")["grad_norm"].max()
+    norms = run.steps.groupby("step")["grad_norm"].max() if "grad_norm" in run.steps else merged["loss"] * math.nan
     fig.add_scatter(x=norms.index, y=norms, mode="lines+markers", name="grad norm", marker={"size": 4}, row=2, col=1,
                     hovertemplate="step %{x}: grad norm %{y:.3f}<extra></extra>")
     outliers = grad_norm_outliers(run)

@@ -139,7 +139,8 @@ def run_figures(run: RunData, summary: Mapping[str, Any], diagnosis: Mapping[str
         ("Communication by collective", figures_machine.collectives(summary), single),
         ("Top operators", figures_machine.top_operators(run), "no torch.profiler window (profile.trace=false, or "
                                                               "the run stopped before it)"),
-        ("Loss and grad norm", figures_advice.stability(run), "no step recorded"),
+        ("Loss and grad norm", figures_advice.stability(run), "no loss recorded (no step ran, or the run is an "
+                                                              "imported trace)"),
         ("Bottleneck evidence", figures_advice.bottlenecks(diagnosis), "no bottleneck found"),
         ("Recommendations", figures_advice.recommendations(diagnosis.get("recommendations") or [], verification),
          "no recommendation with a speed or memory gain"),

@@ -18,6 +18,7 @@ from profiler.analysis import load_run
 from profiler.capture.import_traces import import_traces
 from profiler.cli import main
 from profiler.metrics import flatten
+from tests.conftest import ROOT
 
 TRACES = Path("/work/shared/data/traces")
 HTA = json.loads((Path(__file__).parent / "data" / "traces_hta" / "hta_figures.json").read_text())
@@ -114,3 +115,26 @@ def test_cli_imports_and_prints_the_gpu_breakdown(tmp_path: Path, capsys: pytest
     out = capsys.readouterr().out
     assert "imported 1 rank(s)" in out and "GPU (HTA's definitions)" in out and "78%" in out
     assert [r["name"] for r in store.list_runs(tmp_path)] == ["nccl"]
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_a_report_of_an_import_has_its_figures_and_says_what_a_trace_lacks(
+        imported: dict[str, Path], name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report.html"
+    assert main(["report", str(imported[name]), "-o", str(out)]) == 0, capsys.readouterr().err
+    page = out.read_text(encoding="utf-8")
+    assert "Step-time breakdown" in page and "Top operators" in page
+    assert "no loss recorded (no step ran, or the run is an imported trace)" in page
+
+
+def test_the_dashboard_s_run_page_shows_an_import(imported: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    run_dir = imported["v100_training"]
+    monkeypatch.setenv("GLMPERF_RUNS", str(run_dir.parent))
+    at = AppTest.from_file(str(ROOT / "app" / "streamlit_app.py"), default_timeout=120)
+    at.query_params.update(run=run_dir.name)
+    at.switch_page("app_pages/run.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [h.value for h in at.header] == [run_dir.name] and not at.error
+    assert len(at.get("plotly_chart")) >= 3
