@@ -117,6 +117,17 @@ def test_cli_imports_and_prints_the_gpu_breakdown(tmp_path: Path, capsys: pytest
     assert [r["name"] for r in store.list_runs(tmp_path)] == ["nccl"]
 
 
+def test_one_trace_file_imports_as_its_directory_does(imported: dict[str, Path], tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    (file,) = (TRACES / "v100_training").iterdir()
+    assert main(["import", str(file), "--runs-dir", str(tmp_path)]) == 0, capsys.readouterr().err
+    (run,) = store.list_runs(tmp_path)
+    assert run["name"] == "rank-0" and run["world_size"] == 1
+    alone, whole = (flatten(load_run(d).record["summary"]["trace"]) for d in (Path(run["path"]),
+                                                                               imported["v100_training"]))
+    assert {k: v for k, v in alone.items() if "file" not in k} == {k: v for k, v in whole.items() if "file" not in k}
+
+
 @pytest.mark.parametrize("name", SHARED)
 def test_a_report_of_an_import_has_its_figures_and_says_what_a_trace_lacks(
         imported: dict[str, Path], name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -74,7 +74,10 @@ def test_one_bad_rank_file_is_left_out_and_named(tmp_path: Path) -> None:
 
 def test_no_directory_and_no_traces_are_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["import", str(tmp_path / "nowhere"), "--runs-dir", str(tmp_path)]) == 2
-    assert "is not a directory" in capsys.readouterr().err
+    assert "nowhere does not exist: give a trace file or a directory of them" in capsys.readouterr().err
+    (tmp_path / "notes.txt").write_text("not a trace")
+    assert main(["import", str(tmp_path / "notes.txt"), "--runs-dir", str(tmp_path)]) == 2
+    assert "notes.txt is not a chrome trace (*.json, *.json.gz)" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert main(["import", str(tmp_path / "empty"), "--runs-dir", str(tmp_path)]) == 2
     assert "no chrome traces" in capsys.readouterr().err

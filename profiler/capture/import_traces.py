@@ -1,4 +1,5 @@
-"""A directory of torch.profiler traces (one chrome JSON per rank) made into a glmperf run: `glmperf import`.
+"""A directory of torch.profiler traces (one chrome JSON per rank), or one trace file, made into a glmperf run:
+`glmperf import`.
 
 The traces are read and analyzed by profiler.traces.summary, one at a time. A file that cannot be
 read is left out and named in the run (`import.failed`); the others are imported. The run's `source`
@@ -35,7 +36,8 @@ def _environment(meta: dict[str, Any], gpu: bool, world_size: int) -> dict[str, 
 
 
 def import_traces(trace_dir: str | Path, *, name: str | None = None, runs_dir: Path | None = None) -> Imported:
-    """Import every trace in `trace_dir` as one run; raises ImportFailed when none can be read."""
+    """Import every trace in `trace_dir` (or the one trace file it names) as one run; raises ImportFailed
+    when none can be read."""
     trace_dir = Path(trace_dir)
     files = trace_files(trace_dir)
     if not files:
@@ -52,7 +54,9 @@ def import_traces(trace_dir: str | Path, *, name: str | None = None, runs_dir: P
                          "files": {str(r): str(p) for r, p in sorted(analyzed.paths.items())},
                          "failed": analyzed.failed, "job_world_size": job_world},
               "pid": None}
-    run_dir = store.create_run(store.default_runs_dir(runs_dir), name or trace_dir.resolve().name, record)
+    default = trace_dir.resolve().name.removesuffix(".gz").removesuffix(".json") if trace_dir.is_file() else \
+        trace_dir.resolve().name
+    run_dir = store.create_run(store.default_runs_dir(runs_dir), name or default, record)
     for table in analyzed.tables:
         store.write_table(run_dir, table, analyzed.table(table))
     finalize(run_dir, trace=analyzed.summary())

@@ -18,11 +18,12 @@ from profiler.cli import common
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("import", help="import existing torch.profiler traces (one chrome JSON per rank) as "
                               "a run", description="Read every chrome trace (*.json, *.json.gz) in TRACE_DIR, one "
-                              "per rank, and store them as a run that diagnose, compare, report and the dashboard "
-                              "read. GPU traces get HTA's temporal, kernel, overlap and idle breakdowns.")
+                              "per rank (or the one trace file TRACE_DIR names), and store them as a run that "
+                              "diagnose, compare, report and the dashboard read. GPU traces get HTA's temporal, "
+                              "kernel, overlap and idle breakdowns.")
     p.add_argument("trace_dir", type=Path, metavar="TRACE_DIR", help="directory of the traces (e.g. the one "
-                   "tensorboard_trace_handler wrote)")
-    p.add_argument("--name", help="run name (default: the directory's name)")
+                   "tensorboard_trace_handler wrote), or one trace file")
+    p.add_argument("--name", help="run name (default: the directory's name, or the file's without .json[.gz])")
     common.add_runs_dir(p)
     common.add_json(p, "print the run's id, path, summary and diagnosis as JSON")
 

@@ -35,9 +35,12 @@ class ImportFailed(ValueError):
 
 def trace_files(trace_dir: Path) -> list[Path]:
     """The chrome traces directly in `trace_dir` (*.json, *.json.gz: tensorboard_trace_handler's
-    `<worker>.<time>.pt.trace.json[.gz]` among them)."""
+    `<worker>.<time>.pt.trace.json[.gz]` among them), or `trace_dir` itself when it is one trace file."""
+    if trace_dir.is_file() and trace_dir.name.endswith(SUFFIXES):
+        return [trace_dir]
     if not trace_dir.is_dir():
-        raise ImportFailed(f"{trace_dir} is not a directory")
+        what = "does not exist" if not trace_dir.exists() else "is not a chrome trace (*.json, *.json.gz)"
+        raise ImportFailed(f"{trace_dir} {what}: give a trace file or a directory of them, one per rank")
     return sorted(p for p in trace_dir.iterdir() if p.is_file() and p.name.endswith(SUFFIXES))
 
 
