@@ -1,8 +1,8 @@
 """Kernel launches (HTA `get_cuda_kernel_launch_stats`): how long after its launch call a GPU event
 starts, and how many GPU events are shorter than the call that launched them.
 
-The launch delay is the GPU start minus the end of the runtime call (cudaLaunchKernel,
-cudaLaunchKernelExC, cudaMemcpyAsync, cudaMemsetAsync), at least 0. A GPU event shorter than its
+The launch delay is the GPU start minus the end of the runtime call (window.LAUNCHES: cudaLaunchKernel
+and its kin, ROCm's hipLaunchKernel and kin, MTIA's), at least 0. A GPU event shorter than its
 launch call means the GPU finishes work faster than the host can issue it: host-bound evidence.
 Returns `launch_delay_us.{mean,p50,p90}`, `short_kernel_share` (fraction of launched GPU events)
 and `launches`.

@@ -26,8 +26,11 @@ _MEMORY = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
 _NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 KERNEL_CATS = ("kernel", "Kernel", "gpu_memset", "Memset", "gpu_memcpy", "Memcpy", "mtia_ccp_events")
 """Categories HTA's idle-time breakdown counts as kernels."""
-LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync")
-"""Runtime calls HTA's launch statistics pair with the GPU events they start."""
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaMemcpyAsync", "cudaMemsetAsync",
+            "hipLaunchKernel", "hipExtModuleLaunchKernel", "hipModuleLaunchKernel", "hipMemcpyAsync",
+            "hipMemsetAsync", "hipMemcpyWithStream", "runFunction - job_prep_and_submit_for_execution")
+"""Runtime calls the launch statistics pair with the GPU events they start: HTA's (`get_runtime_launch_events_
+query`: CUDA, ROCm and MTIA's), and ROCm's hipModuleLaunchKernel, which HTA leaves out."""
 
 
 def kind(name: str) -> str:
