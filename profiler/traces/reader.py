@@ -58,10 +58,15 @@ class Trace:
     threads: list[str]
 
     def codes(self, table: list[str], wanted: Iterable[str]) -> list[int]:
-        """The codes of the `wanted` strings that occur in `table` (names, cats or threads)."""
-        index = {s: i for i, s in enumerate(table)}
-        return [index[w] for w in wanted if w in index]
+        """The codes of the `wanted` strings that occur in `table` (names, cats or threads; a category
+        can sit at two codes once an old name is read as its new one)."""
+        wanted = set(wanted)
+        return [i for i, s in enumerate(table) if s in wanted]
 
+
+OLD_CATEGORIES = {"Operator": "cpu_op", "Runtime": "cuda_runtime", "Kernel": "kernel", "Memcpy": "gpu_memcpy",
+                  "Memset": "gpu_memset"}
+"""PyTorch 1.8-1.9 traces' categories (the TensorBoard plugin's samples), read as today's."""
 
 FIELDS = ("cat", "name", "thread", "pid", "ts", "dur", "stream", "correlation", "external_id", "input_dims",
           "input_types", "flops")
@@ -345,4 +350,4 @@ def read_trace(path: str | Path) -> Trace:
         raise TraceError(f"{path}: holds no complete events (ph 'X' with a duration): not a torch.profiler trace, "
                          "or an empty profiling window")
     return Trace(path=path, meta=meta, events=columns.frame(), names=list(columns.names),
-                 cats=list(columns.cats), threads=list(columns.threads))
+                 cats=[OLD_CATEGORIES.get(c, c) for c in columns.cats], threads=list(columns.threads))

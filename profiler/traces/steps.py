@@ -5,7 +5,8 @@ The step is the span torch.profiler's `ProfilerStep#N` annotation covers on the 
 as profile-run's steps on CPU). Inside it, on the host timeline:
 - `data_s`: `enumerate(DataLoader)#...` annotations (waiting for the next batch);
 - `optimizer_s`: `Optimizer.step#...` and `Optimizer.zero_grad#...` annotations;
-- `backward_s`: autograd's `autograd::engine::evaluate_function: ...` operators, the rest left out;
+- `backward_s`: autograd's `autograd::engine::evaluate_function: ...` operators (in a PyTorch 1.8-1.9
+  trace, which has no such wrapper, the `...Backward` nodes and `AccumulateGrad`), the rest left out;
 - `forward_s`: operators on the step's thread before the first backward operator, the rest left out;
 - `comm_s`: communication kernels launched in the step that no computation kernel overlaps on the
   GPU (exposed), carved out of the phase that launched them (forward or backward) and capped at it,
@@ -31,6 +32,8 @@ STEP = re.compile(r"^ProfilerStep#(\d+)$")
 DATA = "enumerate(DataLoader)"
 OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#")
 BACKWARD = "autograd::engine::evaluate_function"
+OLD_BACKWARD = re.compile(r"Backward\d*$|^torch::autograd::AccumulateGrad$")
+"""Autograd's nodes themselves, where no `evaluate_function` wraps them (PyTorch 1.8-1.9 traces)."""
 HOST_OPS = ("cpu_op", "user_annotation")
 
 
@@ -64,7 +67,7 @@ def step_rows(trace: Trace, rank: int) -> pd.DataFrame:
     host = ev["stream"].to_numpy() < 0
     step_of_name = pd.to_numeric(names.str.extract(STEP, expand=False)).to_numpy()
     step_no = step_of_name[codes]
-    is_step = host & np.isin(cats, trace.codes(trace.cats, ["user_annotation"])) & ~np.isnan(step_no)
+    is_step = host & np.isin(cats, trace.codes(trace.cats, HOST_OPS)) & ~np.isnan(step_no)  # cpu_op: PyTorch 1.8
     if not is_step.any():
         return pd.DataFrame()
 
@@ -72,7 +75,9 @@ def step_rows(trace: Trace, rank: int) -> pd.DataFrame:
         return host & names.str.startswith(prefix).to_numpy()[codes]
 
     data, optimizer = _spans(ev, named(DATA)), _spans(ev, named(OPTIMIZER))
-    backward = _spans(ev, named(BACKWARD))
+    wrapped = named(BACKWARD)
+    backward = _spans(ev, wrapped if wrapped.any() else
+                      host & names.str.contains(OLD_BACKWARD).to_numpy()[codes])
     op_mask = host & np.isin(cats, trace.codes(trace.cats, HOST_OPS)) & ~is_step
     comm_spans = _gpu_by_launch(trace)
     rows = []
