@@ -15,7 +15,7 @@ from typing import Any
 
 from profiler import store
 from profiler.capture.finish import finalize
-from profiler.traces.summary import ImportFailed, analyze_traces, trace_files
+from profiler.traces.summary import ImportFailed, analyze_traces, check_one_session_each, trace_files
 
 
 @dataclass
@@ -40,6 +40,7 @@ def import_traces(trace_dir: str | Path, *, name: str | None = None, runs_dir: P
     when none can be read."""
     trace_dir = Path(trace_dir)
     files = trace_files(trace_dir)
+    check_one_session_each(files)
     if not files:
         raise ImportFailed(f"no chrome traces (*.json, *.json.gz) in {trace_dir}")
     analyzed = analyze_traces(files)

@@ -27,6 +27,9 @@ SUFFIXES = (".json", ".json.gz")
 
 
 RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+SESSION = re.compile(r"^(?P<worker>.+)\.(?P<ms>\d{10,})\.pt\.trace\.json(\.gz)?$")
+"""tensorboard_trace_handler's file name: `<worker>.<milliseconds>.pt.trace.json[.gz]`, one per profiling
+session of a worker."""
 
 
 class ImportFailed(ValueError):
@@ -42,6 +45,20 @@ def trace_files(trace_dir: Path) -> list[Path]:
         what = "does not exist" if not trace_dir.exists() else "is not a chrome trace (*.json, *.json.gz)"
         raise ImportFailed(f"{trace_dir} {what}: give a trace file or a directory of them, one per rank")
     return sorted(p for p in trace_dir.iterdir() if p.is_file() and p.name.endswith(SUFFIXES))
+
+
+def check_one_session_each(files: list[Path]) -> None:
+    """Refuse a worker's several profiling sessions (tensorboard_trace_handler writes one file per
+    session, minutes apart): read as ranks they made a false straggler and dropped every step."""
+    sessions: dict[str, list[str]] = {}
+    for path in files:
+        if found := SESSION.match(path.name):
+            sessions.setdefault(found["worker"], []).append(path.name)
+    repeated = {w: names for w, names in sessions.items() if len(names) > 1}
+    if repeated:
+        worker, names = next(iter(repeated.items()))
+        raise ImportFailed(f"{worker} has {len(names)} profiling sessions ({', '.join(sorted(names))}), not one "
+                           "trace per rank: import one session's file, or a directory with one file per rank")
 
 
 def rank_of(trace: Trace) -> int | None:
