@@ -265,3 +265,17 @@ def test_profile_runs_own_end_cut_short_is_one_line_and_finalize_finishes_it(
     assert len(store.read_table(run_dir, "steps")) == 4
     assert _glmperf(capsys, "finalize", str(run_dir))[0] == 0
     assert store.read_run(run_dir)["summary"]["steps_total"] == 4
+
+
+def test_finalize_removes_the_temp_file_a_killed_writer_left(killed_run: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # SIGKILL between writing a part and renaming it leaves `.<name>.<pid>.<hex>.tmp`
+    run_dir = copy_run(killed_run, tmp_path)
+    (rank,) = store.read_rank_statuses(run_dir)  # the killed process
+    stale = run_dir / "parts" / f".steps-r0-a1-000099.parquet.{rank['pid']}.0abc12.tmp"
+    stale.write_bytes(b"half a parquet file")
+    unknown = run_dir / "parts" / f".steps-r0-a1-000100.parquet.{os.getpid()}.0abc13.tmp"  # no rank's: kept
+    unknown.write_bytes(b"another writer's")
+    code, _, err = _glmperf(capsys, "finalize", str(run_dir))
+    assert code == 1, err  # finalized; the run did not complete
+    assert not stale.exists() and unknown.exists()

@@ -69,6 +69,7 @@ def finalize(run_dir: Path, *, launcher_error: str | None = None,
     `running`, with every flushed row readable: finalizing again finishes the job.
     """
     statuses = {s["rank"]: s for s in store.read_rank_statuses(run_dir)}
+    store.remove_stale_temps(run_dir)
     events_skipped = store.compact(run_dir)
     run = load_run(run_dir)
     record = run.record

@@ -280,3 +280,21 @@ def read_rank_statuses(run_dir: Path) -> list[dict[str, Any]]:
         if named and isinstance(status, dict) and status.get("rank") == int(named.group(1)):
             found.append(status)
     return sorted(found, key=lambda s: s["rank"])
+
+
+_TEMP = re.compile(r"^\..+\.(\d+)\.[0-9a-f]+\.tmp$")
+"""files.atomic_write's temp name: `.<name>.<pid>.<hex>.tmp`."""
+
+
+def remove_stale_temps(run_dir: Path) -> None:
+    """Remove the temp files a writer killed mid-write left (SIGKILL between writing and renaming): those
+    of a rank on this host whose process is gone. Another host's are kept: their writer may live."""
+    here = os.uname().nodename
+    ours = {s.get("pid") for s in read_rank_statuses(run_dir) if s.get("host") == here}
+    for path in [*run_dir.glob(".*.tmp"), *(run_dir / "parts").glob(".*.tmp")]:
+        named = _TEMP.match(path.name)
+        if named and int(named.group(1)) in ours and not _pid_alive(int(named.group(1))):
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                raise disk_error(exc, "removing", path) from None
