@@ -209,11 +209,14 @@ class TraceWindow(Instrument):
         try:
             self._export(prof)
         except Exception as exc:  # a failed export must not hide how training went
-            log.warning("trace processing failed: %s", exc)
-            self._summary["trace_error"] = f"{type(exc).__name__}: {exc}"
+            self._failed(exc)
         self._summary["trace_processing_s"] = time.perf_counter() - t0
         self._prof = None  # the caller, prof.step() or stop(), holds it until it returns
         self._settling = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+    def _failed(self, exc: Exception) -> None:
+        log.warning("trace processing failed: %s", exc)
+        self._summary["trace_error"] = f"{type(exc).__name__}: {exc}"
 
     def _unquiet(self) -> None:
         if self._quiet is not None:
@@ -242,8 +245,7 @@ class TraceWindow(Instrument):
             try:
                 self._prof.stop()
             except Exception as exc:  # a failed stop must not hide how training went
-                log.warning("trace processing failed: %s", exc)
-                self._summary["trace_error"] = f"{type(exc).__name__}: {exc}"
+                self._failed(exc)
             self._prof = None
             if not self._ready and "trace_error" not in self._summary:
                 self._summary["trace_error"] = "training ended before the window's active steps"

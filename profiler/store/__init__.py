@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from profiler.store.checks import SCHEMA_VERSION, NewerSchema, check_record
-from profiler.store.files import StoreError, disk_error, json_text, plain, utc_now, write_json_atomic
+from profiler.store.files import TEMP_NAME, StoreError, disk_error, json_text, plain, utc_now, write_json_atomic
 from profiler.store.tables import (
     OPTIONAL_TABLES,
     REQUIRED_COLUMNS,
@@ -282,18 +282,14 @@ def read_rank_statuses(run_dir: Path) -> list[dict[str, Any]]:
     return sorted(found, key=lambda s: s["rank"])
 
 
-_TEMP = re.compile(r"^\..+\.(\d+)\.[0-9a-f]+\.tmp$")
-"""files.atomic_write's temp name: `.<name>.<pid>.<hex>.tmp`."""
-
-
 def remove_stale_temps(run_dir: Path) -> None:
     """Remove the temp files a writer killed mid-write left (SIGKILL between writing and renaming): those
     of a rank on this host whose process is gone. Another host's are kept: their writer may live."""
     here = os.uname().nodename
     ours = {s.get("pid") for s in read_rank_statuses(run_dir) if s.get("host") == here}
     for path in [*run_dir.glob(".*.tmp"), *(run_dir / "parts").glob(".*.tmp")]:
-        named = _TEMP.match(path.name)
-        if named and int(named.group(1)) in ours and not _pid_alive(int(named.group(1))):
+        named = TEMP_NAME.match(path.name)
+        if named and int(named["pid"]) in ours and not _pid_alive(int(named["pid"])):
             try:
                 path.unlink(missing_ok=True)
             except OSError as exc:

@@ -12,6 +12,7 @@ import errno
 import json
 import math
 import os
+import re
 import secrets
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -33,10 +34,14 @@ def disk_error(exc: OSError, doing: str, path: Path | str | None = None) -> Stor
     return StoreError(f"{why[:1].lower()}{why[1:]} {doing} {path or exc.filename or ''}".rstrip())
 
 
+TEMP_NAME = re.compile(r"^\..+\.(?P<pid>\d+)\.[0-9a-f]+\.tmp$")
+"""The temp file `atomic_write` writes before renaming it: `.<name>.<writer's pid>.<hex>.tmp`."""
+
+
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """`write(tmp)`, then rename tmp to `path`; on any failure the temp file is removed, and an OS error
     (a full disk) becomes a StoreError naming `path`."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")  # TEMP_NAME reads it
     try:
         write(tmp)
         os.replace(tmp, path)
