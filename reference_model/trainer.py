@@ -30,6 +30,7 @@ from reference_model.hooks import StepRecord, TrainerHook, TrainResult, TrainSta
 from reference_model.layout_state import full_state, load_full_state, state_layout
 from reference_model.lazy import LazyScalars
 from reference_model.model import IGNORE_INDEX, GLMForCausalLM
+from reference_model.rollback import Rollback
 
 log = logging.getLogger("glmperf.trainer")
 
@@ -67,6 +68,8 @@ class Trainer:
         self.checkpoint_dir = Path(ck.dir) if ck.dir else (run_dir / "checkpoints" if run_dir else None)
         if ck.resume:
             self._resume()
+        self.rollback = Rollback(self.switches.stability, self.setup, self.start_step, self.device) \
+            if self.setup.nan_guard == "rollback" else None
         # ranks of one data-parallel replica (a tensor-parallel group) read the same batch
         replica, replicas = self.setup.data_shard or (self.ctx.rank, self.ctx.world_size)
         self.loader = build_loader(
@@ -266,6 +269,11 @@ class Trainer:
                     hook()
             lr = self.optimizer.param_groups[0]["lr"]
             s.step_scheduler(float(loss) if s.scheduler_wants_loss else None)  # plateau: a sync, noted
+        if self.rollback is not None and self.rollback.due(step, skipped):
+            with self.phase(step, "checkpoint"):  # a copy of the state in memory, or back to one
+                event = self.rollback.settle(step, batches)
+            if event is not None:
+                self.emit(event)
         grad_norm = grad_norm.detach()
         return StepRecord(step=step, batch_size=batch["input_ids"].shape[0], micro_batches=s.accumulation_steps,
                           tokens=tokens, loss=loss, grad_norm=grad_norm, lr=lr, loss_scale=scale,
@@ -274,10 +282,12 @@ class Trainer:
 
     def _guard(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor,
                batch: dict[str, torch.Tensor]) -> bool:
-        """The NaN/Inf guard: True when the step must be skipped; raises under the `stop` policy."""
+        """The NaN/Inf guard: True when the step must be skipped; raises under `stop`, or when `rollback` gives up."""
         s = self.setup
         if s.nan_guard == "off":
             return False
+        if self.rollback is not None:
+            return self._rollback_guard(self.rollback, step, loss, grad_norm)
         # With a GradScaler, inf gradients are the scaler's business; only the loss is checked.
         # One read (one device sync) per step: the price of deciding before the update.
         checked = loss if s.scaler is not None else torch.stack([loss.float(), grad_norm.float()])
@@ -296,6 +306,18 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return True
 
+    def _rollback_guard(self, rollback: Rollback, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        """The rollback policy's decision. The one read of the step's values feeds the monitors at once,
+        not lazily (the sync is paid), so a loss spike can roll back the step it happened in."""
+        loss_value, norm_value = torch.stack([loss.float(), grad_norm.float()]).tolist()  # one device sync
+        events = [e for monitor in self.setup.monitors for e in monitor.observe(step, loss_value, norm_value)]
+        for event in events:
+            self.emit(event)
+        if not rollback.check(step, loss_value, norm_value, events):
+            return False
+        self.optimizer.zero_grad(set_to_none=True)
+        return True
+
     def _watch(self, *, wait: bool) -> None:
         """Feed the monitors every watched step whose values have reached the host, oldest first.
 
@@ -311,7 +333,7 @@ class Trainer:
 
     def _after_step(self, record: StepRecord) -> None:
         s = self.setup
-        if s.monitors:
+        if s.monitors and self.rollback is None:  # the rollback guard fed them as it decided
             self._watching.append((record.step, record.scalars()))
             self._watch(wait=False)
         every = self.switches.checkpoint.every

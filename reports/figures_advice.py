@@ -17,7 +17,8 @@ from profiler.settings import settings_text
 from reports.plotting import VERDICT_COLORS, figure, safe, with_caption
 
 EVENT_MARKS = {"loss_spike": ("loss spike", "triangle-up"), "loss_plateau": ("loss plateau", "line-ew-open"),
-               "non_finite": ("NaN/Inf", "x"), "recompile": ("recompile", "star")}
+               "non_finite": ("NaN/Inf", "x"), "rollback": ("rollback", "triangle-left"),
+               "recompile": ("recompile", "star")}
 JUDGED = {"tokens_per_s": ("tokens_per_s", "tokens/s"), "peak_memory": ("peak_memory", "peak memory")}
 """A recommendation's `judged_by` -> (its key in `expected`, the words on the axis)."""
 

@@ -87,10 +87,11 @@ def test_optimizer_choice_and_implementation(name: str, impl: str, cls: type) ->
 
 
 class PoisonAt(TrainerHook):
-    """Makes the loss of one step NaN through a forward hook on the model's last norm."""
+    """Multiplies the model's last norm's output by `factor` in one step (a forward hook): NaN makes the
+    step's loss NaN, a large factor makes it spike."""
 
-    def __init__(self, trainer_: Trainer, step: int) -> None:
-        self.step = step
+    def __init__(self, trainer_: Trainer, step: int, factor: float = float("nan")) -> None:
+        self.step, self.factor = step, factor
         trainer_.model.model.norm.register_forward_hook(self._hook)
         self.current = -1
 
@@ -98,7 +99,7 @@ class PoisonAt(TrainerHook):
         self.current = step
 
     def _hook(self, module, args, output):
-        return output * float("nan") if self.current == self.step else output
+        return output * self.factor if self.current == self.step else output
 
 
 class Snapshots(TrainerHook):

@@ -204,11 +204,12 @@ RULES: tuple[Rule, ...] = (
          f"(from step-to-step differences), judged over >= {MIN_STEPS} counted steps",
          ("non_finite", "steps_counted"), _unstable,
          lambda f: f"{v(f, 'non_finite'):.0f} non-finite event(s), {v(f, 'skipped_steps'):.0f} skipped step(s), "
-                   f"{v(f, 'loss_spikes'):.0f} spike(s), {v(f, 'grad_norm_outliers'):.0f} grad-norm outlier(s); "
+                   f"{v(f, 'rollbacks'):.0f} rollback(s), {v(f, 'loss_spikes'):.0f} spike(s), "
+                   f"{v(f, 'grad_norm_outliers'):.0f} grad-norm outlier(s); "
                    + _rise_text(f),
          unjudged=_unstable_unjudged,
-         also=("skipped_steps", "loss_spikes", "grad_norm_outliers", "loss_steps", "loss_rise", "loss_rise_bound",
-               "risen_steps")),
+         also=("skipped_steps", "rollbacks", "loss_spikes", "grad_norm_outliers", "loss_steps", "loss_rise",
+               "loss_rise_bound", "risen_steps")),
     Rule(Bottleneck.MEMORY_BOUND, f"peak memory > {MEMORY_USE:g}% of the capacity",
          ("memory_use", "peak_memory", "memory_capacity"),
          lambda f: min(1.0, v(f, "memory_use") / 100) if v(f, "memory_use") > MEMORY_USE else 0.0,

@@ -1,10 +1,11 @@
 """Numerical health: non-finite values, skipped steps, loss spikes and plateaus, grad-norm outliers,
 and torch.compile recompiling during the run (events.jsonl, steps.parquet).
 
-Figures: `non_finite` (events), `skipped_steps`, `loss_spikes`, `loss_plateaus`,
-`grad_norm_outliers` (steps whose grad norm is above 10x the median of the 20 steps before it: a
-spike, not the fast fall of early training), `loss_change` (%
-from the first to the last step), `recompiles` (frames compiled after the first step).
+Figures: `non_finite` (events), `skipped_steps`, `rollbacks` (events: returns to an earlier state,
+each also a skipped step), `loss_spikes`, `loss_plateaus`, `grad_norm_outliers` (steps whose grad
+norm is above 10x the median of the 20 steps before it: a spike, not the fast fall of early
+training), `loss_change` (% from the first to the last step), `recompiles` (frames compiled after
+the first step).
 
 Whether the loss rose, beyond the run's own noise (`loss_rise`): over the counted steps' finite
 losses, the mean of the last third against the mean of the first third. One step's noise is
@@ -75,7 +76,7 @@ def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
     kinds = [e.get("kind") for e in run.events]
     out: Figures = {
         name: Figure(float(kinds.count(kind)), "events", f"events.jsonl kind={kind}")
-        for name, kind in (("non_finite", "non_finite"), ("loss_spikes", "loss_spike"),
+        for name, kind in (("non_finite", "non_finite"), ("rollbacks", "rollback"), ("loss_spikes", "loss_spike"),
                            ("loss_plateaus", "loss_plateau"))
     }
     out["recompiles"] = Figure(float(sum(e.get("frames", 1) for e in run.events if e.get("kind") == "recompile")),
