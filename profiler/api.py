@@ -59,9 +59,11 @@ from torch.nn.parallel import DistributedDataParallel
 from optimizers.config import build_section, section_to_dict
 from profiler import plugins, store
 from profiler.capture.finish import await_ranks, finalize, measured_peaks
+from profiler.capture.live_metrics import check_metrics_ports
 from profiler.capture.ranks import RankRecord, instruments, raise_interrupted
 from profiler.instruments.comm import CommStats
 from profiler.instruments.machine import MATMUL_DTYPES, environment
+from profiler.instruments.prometheus import local_rank
 from profiler.settings import ProfileConfig
 from reference_model.context import dist_env
 from reference_model.hooks import StepRecord, TrainStart
@@ -227,13 +229,15 @@ class Run:
         if self._record is not None:
             raise UsageError("the run is already started; start() once, then end()")
         store.check_runs_dir(self.runs_dir)
+        check_metrics_ports(self.profile, local_rank(self.rank) + 1, first=local_rank(self.rank))
         self.dir = _shared_run_dir(self._create, self.rank, self.world_size, self.runs_dir, self.rank_wait_s)
         _opened += 1
         self._record = RankRecord(self.dir, rank=self.rank, flush_interval_s=self.profile.flush_interval_s,
                                   world_size=self.world_size)
         compiled = isinstance(self.model, torch._dynamo.eval_frame.OptimizedModule)
         comm, comm_note = count_allreduces(self.model, self.device, self.world_size)
-        self._hooks, sampling = instruments(self.profile, self._record.writer, device=self.device, rank=self.rank,
+        self._record.serve_metrics(self.profile, self.device)
+        self._hooks, sampling = instruments(self.profile, self._record.sink, device=self.device, rank=self.rank,
                                             comm=comm, compiled=compiled)
         self._record.hooks = self._hooks
         self._record.update(sampling=sampling, model=model_record(self.model, self.flops_per_token),

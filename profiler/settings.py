@@ -50,6 +50,12 @@ class ProfileConfig(Section):
     """How often rows are flushed to disk: a crash loses at most this much."""
     instruments: bool = True
     """False runs the trainer bare (the overhead benchmark's control)."""
+    metrics_port: int = 0
+    """Serve live Prometheus metrics while the job runs on this port (rank r: the port + its local
+    rank); 0 serves none. docs/monitoring.md."""
+    metrics_host: str = "0.0.0.0"
+    """The address the metrics are served on: every interface, so that the cluster's Prometheus can
+    scrape the job; 127.0.0.1 keeps them on this host."""
 
     def __post_init__(self) -> None:
         window = self.trace_window
@@ -61,6 +67,7 @@ class ProfileConfig(Section):
         self.check_range("memory_budget_gb", lo=0.0, hi=2.0**20)
         self.check_range("warmup_steps", lo=0, hi=10**9)
         self.check_range("flush_interval_s", lo=0.05, hi=3600.0)
+        self.check_range("metrics_port", lo=0, hi=65535)
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -24,11 +24,13 @@ import psutil
 import torch
 
 from profiler import store
+from profiler.capture import live_metrics
 from profiler.capture.progress import Progress
 from profiler.config import RunConfig
 from profiler.instruments import Instrument, Sampler, StepTimer, TraceWindow, choose_backend
 from profiler.instruments.comm import CommStats
 from profiler.instruments.compile_watch import CompileWatch
+from profiler.instruments.prometheus import MetricsServer, MetricsTap
 from profiler.settings import ProfileConfig
 from reference_model.context import setup_context
 from reference_model.hooks import TrainerHook
@@ -110,14 +112,14 @@ class LauncherWatch:
 class _Events(TrainerHook):
     """Trainer events (NaN, spikes, checkpoints, batch-size changes) straight to events.jsonl."""
 
-    def __init__(self, writer: store.RunWriter) -> None:
+    def __init__(self, writer: store.RunWriter | MetricsTap) -> None:
         self.writer = writer
 
     def on_event(self, event: dict[str, Any]) -> None:
         self.writer.add_event(event)
 
 
-def instruments(profile: ProfileConfig, writer: store.RunWriter, *, device: torch.device, rank: int,
+def instruments(profile: ProfileConfig, writer: store.RunWriter | MetricsTap, *, device: torch.device, rank: int,
                 comm: CommStats | None, compiled: bool = False) -> tuple[list[TrainerHook], dict]:
     """The default instruments of a run, and how the device is being sampled (for run.json).
 
@@ -169,12 +171,24 @@ class RankRecord:
                  launcher: LauncherWatch | None = None) -> None:
         self.run_dir, self.rank, self.world_size, self.launcher = run_dir, rank, world_size, launcher
         self.writer = store.RunWriter(run_dir, rank=rank, flush_interval_s=flush_interval_s)
+        self.sink: Any = self.writer
+        """Where the instruments write: the writer, seen by the live metrics when they are served."""
+        self.metrics: MetricsServer | None = None
         self.fields: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
         self.hooks: list[TrainerHook] = []
         store.write_rank_status(run_dir, rank, "running", **self.fields)
 
+    def serve_metrics(self, profile: ProfileConfig, device: torch.device) -> None:
+        """Serve this rank's live metrics until it ends, when the run asks for them."""
+        self.metrics = live_metrics.serve(self.run_dir, profile, rank=self.rank, world_size=self.world_size,
+                                          device=device)
+        if self.metrics is not None:
+            self.sink = MetricsTap(self.writer, self.metrics.figures)
+
     def update(self, **fields: Any) -> None:
         self.fields.update(fields)
+        if self.metrics is not None and (flops := live_metrics.model_flops(fields)) is not None:
+            self.metrics.figures.flops_per_token = flops
         store.write_rank_status(self.run_dir, self.rank, "running", **self.fields)
 
     def outcome(self, error: BaseException | None) -> tuple[str, dict[str, Any]]:
@@ -212,6 +226,8 @@ class RankRecord:
         with signals_ignored(signal.SIGTERM):
             if self.launcher is not None:
                 self.launcher.close()
+            if self.metrics is not None:  # a rank that ended serves nothing
+                self.metrics.close()
             status, why = self.outcome(error)
             self.fields.update(why)
             for hook in self.hooks:
@@ -236,13 +252,14 @@ def run_rank(run_dir: Path, cfg: RunConfig, *, device: torch.device, rank: int =
     error: BaseException | None = None
     try:
         with sigterm_as_interrupt():
+            record.serve_metrics(cfg.profile, device)
             comm = CommStats(device) if world_size > 1 and cfg.profile.instruments else None
             ctx = setup_context(cfg.train, cfg.data, device=device, rank=rank, world_size=world_size,
                                 memory_budget_bytes=cfg.memory_budget_bytes,
                                 wrap_comm_hook=comm.wrap if comm is not None else None)
             if cfg.profile.instruments:
                 record.hooks, record.fields["sampling"] = instruments(
-                    cfg.profile, record.writer, device=device, rank=rank, comm=comm,
+                    cfg.profile, record.sink, device=device, rank=rank, comm=comm,
                     compiled=cfg.switches.compile.mode != "off")
             if progress and rank == 0:
                 record.hooks.append(Progress(total_steps=cfg.train.steps, every=cfg.train.log_every))

@@ -25,6 +25,7 @@ from optimizers.config import ConfigError
 from profiler import store
 from profiler.capture.finish import finalize, measured_peaks
 from profiler.capture.launch import launch_ranks
+from profiler.capture.live_metrics import check_metrics_ports
 from profiler.capture.ranks import run_rank
 from profiler.config import RunConfig, preset_changes
 from profiler.instruments.machine import environment
@@ -67,6 +68,7 @@ def profile_run(cfg: RunConfig, *, runs_dir: Path | None = None, nproc: int = 1,
     """
     if hooks and nproc > 1:
         raise ValueError("extra hooks run in-process; with nproc > 1 the ranks are separate processes")
+    check_metrics_ports(cfg.profile, nproc)
     device = resolve_device(cfg.train.device)
     run_dir = create_run_dir(cfg, runs_dir=runs_dir, nproc=nproc, links=links, device=device)
     launcher_error = None

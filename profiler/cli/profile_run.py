@@ -33,6 +33,8 @@ def parser() -> argparse.ArgumentParser:
                    "on CUDA)")
     p.add_argument("--trace", action=argparse.BooleanOptionalAction, default=None,
                    help="record the torch.profiler window (default: the config's profile.trace)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve live Prometheus metrics while it "
+                   "runs (rank r on PORT + r); shorthand for --set profile.metrics_port=PORT (docs/monitoring.md)")
     p.add_argument("--no-progress", action="store_true", help="no live progress output")
     common.add_json(p, "print the run's record as JSON instead of the table")
     return p
@@ -47,6 +49,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
         overrides.append(f"name={args.name}")
     if args.trace is not None:
         overrides.append(f"profile.trace={str(args.trace).lower()}")
+    if args.metrics_port is not None:
+        overrides.append(f"profile.metrics_port={args.metrics_port}")
     return overrides
 
 
@@ -62,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(config=args.config, preset=args.preset, overrides=_overrides(args), nproc=args.nproc,
                           base=base)
         store.check_runs_dir(common.runs_dir(args))
+        from profiler.capture.live_metrics import check_metrics_ports
+
+        check_metrics_ports(cfg.profile, args.nproc)
     except common.BAD_INPUT as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return common.EXIT_BAD_INPUT
