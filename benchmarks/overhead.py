@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,12 +28,14 @@ import time
 from pathlib import Path
 
 import psutil
+from prometheus_client import CollectorRegistry, generate_latest
 
 from benchmarks.common import fmt, header, median, paired_ratio, table, write_result
 from profiler import store
 from profiler.capture.run import profile_run
 from profiler.config import load_config
 from profiler.instruments import CpuBackend, Sampler, StepTimer
+from profiler.instruments.prometheus import Figures
 from profiler.settings import ProfileConfig
 from reference_model.hooks import TrainerHook, TrainStart
 from reference_model.trainer import Trainer
@@ -122,19 +125,74 @@ def accounted(preset: str, steps: int, runs_dir: Path) -> list[object]:
             fmt((hooks + background) / wall * 100, ".2f")]
 
 
+SCRAPER = """
+import sys, time, urllib.request
+while True:
+    try:
+        urllib.request.urlopen(sys.argv[1], timeout=1).read()
+    except OSError:
+        pass
+    time.sleep(float(sys.argv[2]))
+"""
+"""Prometheus' part, in its own process: fetch the job's metrics every interval."""
+SCRAPE_S = 1.0
+"""Scrape interval: 1 s, far more often than a cluster scrapes (Prometheus: 1 min by default, 15 s is common), so
+that a serving cost would show."""
+
+
+def serving_cost(run_dir: Path, scrapes: int = 200) -> list[object]:
+    """What live metrics cost, accounted: the tap's work per step on the training thread (keeping the
+    last row and counting), and one scrape's rendering in the server's thread, fed the real rows of
+    `run_dir` (a completed run, its steps and samples replayed in order)."""
+    steps = store.read_table(run_dir, "steps").to_dict("records")
+    samples = store.read_table(run_dir, "samples").to_dict("records")
+    figures = Figures({"run_id": "r", "run_name": "n", "rank": "0", "host": "h"},
+                      {"source": "profile-run", "device": "cpu", "world_size": "1"})
+    t0 = time.perf_counter()
+    for row in steps:
+        figures.add_steps([row])
+    per_step = (time.perf_counter() - t0) / len(steps)
+    figures.add_samples(samples)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(figures)
+    t0 = time.process_time()
+    for _ in range(scrapes):
+        body = generate_latest(registry)
+    per_scrape = (time.process_time() - t0) / scrapes
+    step_s = median([r["step_s"] for r in steps])
+    return [len(steps), fmt(step_s * 1e3, ".1f"), fmt(per_step * 1e6, ".1f"), fmt(per_step / step_s * 100, ".3f"),
+            fmt(per_scrape * 1e3, ".2f"), len(body), fmt(per_scrape / SCRAPE_S * 100, ".3f")]
+
+
 def one_run(runs_dir: Path, preset: str, steps: int, overrides: list[str]) -> tuple[float, dict]:
     cfg = load_config(preset=preset, overrides=[f"train.steps={steps}", "data.corpus=synthetic",
                                                 "switches.stability.nan_guard=off", *overrides])
     clock = IterationClock()
-    run_dir = profile_run(cfg, runs_dir=runs_dir, progress=False, hooks=[clock])
+    scraper = None
+    if cfg.profile.metrics_port:
+        url = f"http://127.0.0.1:{cfg.profile.metrics_port}/metrics"
+        scraper = subprocess.Popen([sys.executable, "-c", SCRAPER, url, str(SCRAPE_S)])
+    try:
+        run_dir = profile_run(cfg, runs_dir=runs_dir, progress=False, hooks=[clock])
+    finally:
+        if scraper is not None:
+            scraper.kill()
+            scraper.wait()
     record = store.read_run(run_dir)
     assert record["status"] == "completed", record.get("error")
     return median(clock.steady(skip=3)), record
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 VARIANTS = {
     "off": ["profile.instruments=false"],
     "default": ["profile.trace=false"],
+    "metrics": ["profile.trace=false", f"profile.metrics_port={_free_port()}", "profile.metrics_host=127.0.0.1"],
     "window": ["profile.trace=true", "profile.trace_window=[3, 1, 3]"],
 }
 
@@ -155,9 +213,9 @@ def overhead(preset: str, steps: int, pairs: int, runs_dir: Path) -> list[list[o
         print(f"  {preset} pair {pair + 1}/{pairs}: " + ", ".join(f"{n} {times[n][-1] * 1e3:.1f} ms"
                                                              for n in variants), file=sys.stderr)
     rows = []
-    for name in ("default", "window", "every step"):
-        ratio, lo, hi = paired_ratio(times[name], times["off"])
-        rows.append([preset, name, fmt(median(times["off"]) * 1e3, ".1f"), fmt(median(times[name]) * 1e3, ".1f"),
+    for name, base in (("default", "off"), ("metrics", "default"), ("window", "off"), ("every step", "off")):
+        ratio, lo, hi = paired_ratio(times[name], times[base])
+        rows.append([preset, name, base, fmt(median(times[base]) * 1e3, ".1f"), fmt(median(times[name]) * 1e3, ".1f"),
                      f"{(ratio - 1) * 100:+.2f}% [{(lo - 1) * 100:+.2f}, {(hi - 1) * 100:+.2f}]",
                      fmt(median(processing[name]), ".2f") if processing[name] else "-"])
     return rows
@@ -188,15 +246,26 @@ def main() -> None:
         out.append(f"\nAccounted cost of the default instruments (step timer + {HZ:g} Hz CPU sampler + store):\n\n")
         out.append(table(["preset", "steps", "ms/step", "hook time per step (us)", "background threads (% of wall)",
                           "overhead (% of wall)"], acc))
+        served = []
+        for preset in ("tiny", "small"):
+            _, record = one_run(Path(tmp) / "served", preset, steps * 4, ["profile.trace=false"])
+            served.append([preset, *serving_cost(Path(tmp) / "served" / record["id"])])
+        out.append("\nAccounted cost of serving live metrics (profile.metrics_port), on the real rows of a run: the "
+                   "tap on the training thread per step, and one scrape's rendering (CPU time of the server's thread), "
+                   f"as a share of wall time at one scrape every {SCRAPE_S:g} s:\n\n")
+        out.append(table(["preset", "steps", "ms/step", "tap per step (us)", "tap (% of step)", "scrape (ms CPU)",
+                          "scrape (bytes)", f"scrapes at {SCRAPE_S:g} s (% of wall)"], served))
         rows = []
         for preset in ("tiny", "small"):
             rows += overhead(preset, steps if preset == "tiny" else steps // 2, pairs, Path(tmp) / preset)
         out.append(f"\n{pairs} interleaved rounds of {steps} steps (small: {steps // 2}); figure = median of the "
                    "per-round ratio of median loop-iteration times, [quartiles]. `off`: "
-                   f"profile.instruments=false. `default`: step timer + {HZ:g} Hz sampler, no trace. `window`: + "
+                   f"profile.instruments=false. `default`: step timer + {HZ:g} Hz sampler, no trace. `metrics`: "
+                   f"default + live Prometheus metrics served (profile.metrics_port), scraped every {SCRAPE_S:g} s "
+                   "by another process; against `default`. `window`: + "
                    "torch.profiler on 3 steps (wait 3, warmup 1). `every step`: torch.profiler active on every "
                    "step. Trace processing (export + operator table, after training) is its own column.\n\n")
-        out.append(table(["preset", "instruments", "off (ms/step)", "on (ms/step)", "overhead vs off",
+        out.append(table(["preset", "instruments", "against", "against (ms/step)", "on (ms/step)", "overhead",
                           "trace processing (s)"], rows))
         out.append("\n" + table(["command", "wall (s)", "start-up (s)", "training (s)", "finalize (s)"],
                                 end_to_end(Path(tmp) / "e2e", 50)))
