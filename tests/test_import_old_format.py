@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from profiler import store
 from profiler.cli import main
 
 SAMPLES = Path(__file__).parent / "data" / "traces_public" / "tb_plugin_resnet50"
@@ -41,17 +40,3 @@ def test_four_workers_take_the_wait_away(tmp_path: Path, capsys: pytest.CaptureF
     assert out["summary"]["phase_share"]["data"] < 0.05
     assert "input_bound" not in [b["kind"] for b in out["diagnosis"]["bottlenecks"]]
 
-
-def test_two_sessions_of_one_worker_are_refused_not_read_as_two_ranks(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # tensorboard_trace_handler's layout: a file per profiling session, `<worker>.<ms>.pt.trace.json.gz`;
-    # read as ranks 0 and 1 they dropped every step and made a false straggler
-    (session,) = (SAMPLES / "num_workers_0").iterdir()
-    both = tmp_path / "both"
-    both.mkdir()
-    for ms in ("1623143089861", "1623143566756"):
-        (both / f"worker0.{ms}.pt.trace.json.gz").write_bytes(session.read_bytes())
-    assert main(["import", str(both), "--runs-dir", str(tmp_path / "runs")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("glmperf: error: worker0 has 2 profiling sessions") and "\n" not in err
-    assert "import one session's file" in err and store.list_runs(tmp_path / "runs") == []

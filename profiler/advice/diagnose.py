@@ -132,10 +132,13 @@ def _attention_message(f: Figures) -> str:
 
 def _comm_message(f: Figures) -> str:
     kinds = sorted(((v(f, f"comm_exposed.{k}"), k) for k in COLLECTIVES if known(f, f"comm_exposed.{k}")), reverse=True)
+    if not known(f, "comm_mib_per_step"):  # GPU traces: the kinds (shares of the step) as parts of the exposed time
+        total = sum(share for share, _ in kinds)
+        parts = ", ".join(f"{kind} {100 * share / total:.1f}%" for share, kind in kinds) if total > 0 else ""
+        head = (f"{v(f, 'comm_exposed'):.1f}% of the GPU's time is NCCL communication no computation overlaps "
+                f"({v(f, 'comm_overlap'):.0f}% of it overlapped)")
+        return head + (f"; of that exposed time: {parts}" if parts else "")
     by_kind = ": " + ", ".join(f"{kind} {share:.1f}%" for share, kind in kinds) if kinds else ""
-    if not known(f, "comm_mib_per_step"):  # GPU traces: exposed NCCL kernel time of the GPU's
-        return (f"{v(f, 'comm_exposed'):.1f}% of the GPU's time is NCCL communication no computation overlaps "
-                f"({v(f, 'comm_overlap'):.0f}% of it overlapped){by_kind}")
     what = "communication" + by_kind if kinds else "all-reduce"
     return (f"{v(f, 'comm_exposed'):.1f}% of the step waits on {what} "
             f"({v(f, 'comm_mib_per_step'):.2f} MiB a step, {v(f, 'comm_overlap'):.0f}% overlapped)")

@@ -16,12 +16,16 @@ shares are used, not absolute times). Figures:
 - `attention_flop_share` (% of the model's FLOPs per token): attention's QK^T and AV matmuls, the
   part that grows with the sequence (12*L*H*Q*T of PaLM's count; the reference trainer's runs).
 
+A share with nothing to divide (no operator time: device time that no operator launched, as on an
+MTIA trace, whose runtime calls ops.parquet does not pair; no step time) is NaN, its source saying why.
+
 `top_operators(run, n)` is the table behind them, heaviest first.
 """
 
 from __future__ import annotations
 
 import ast
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -96,6 +100,13 @@ def top_operators(run: RunData, n: int = 10) -> pd.DataFrame:
                          "share": 100 * ops["time_s"] / total if total > 0 else float("nan")})
 
 
+def _percent(part: float, whole: float, source: str) -> Figure:
+    """`part` as % of `whole`, or NaN saying why where `whole` is no time (0 or unknown)."""
+    if whole > 0:
+        return Figure(100 * part / whole, "%", source)
+    return Figure(math.nan, "%", f"{source}: not computed, the time to divide by is {whole:g} s")
+
+
 def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
     ops = per_step(run)
     if ops.empty:
@@ -107,20 +118,19 @@ def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
     source = "ops.parquet (" + ("self_device_s" if run.on_cuda else "self_cpu_s") + ")"
     out: Figures = {
         "op_calls_per_step": Figure(calls, "calls", "ops.parquet (calls / steps)"),
-        "tiny_op_share": Figure(100 * float(ops.loc[ops["time_s"] < TINY_OP_S * ops["calls"], "time_s"].sum()) / total,
-                                "%", source),
-        "matmul_share": Figure(100 * float(ops.loc[ops["name"].str.match(MATMUL), "time_s"].sum()) / total, "%",
-                               source),
-        "attention_share": Figure(100 * attention / total, "%", source),
+        "tiny_op_share": _percent(float(ops.loc[ops["time_s"] < TINY_OP_S * ops["calls"], "time_s"].sum()), total,
+                                  source),
+        "matmul_share": _percent(float(ops.loc[ops["name"].str.match(MATMUL), "time_s"].sum()), total, source),
+        "attention_share": _percent(attention, total, source),
     }
     if attention > 0:
         fused = float(ops.loc[ops["name"].str.match(FUSED_ATTENTION), "time_s"].sum())
-        out["attention_fused_share"] = Figure(100 * fused / attention, "%", source + ", SDPA kernels / attention")
+        out["attention_fused_share"] = _percent(fused, attention, source + ", SDPA kernels / attention")
     flops = num(run.flops_per_token)
     attention_flops = num(run.model.get("attention_flops_per_token"))
     if flops > 0 and attention_flops >= 0:
         out["attention_flop_share"] = Figure(100 * attention_flops / flops, "%",
                                              "model.attention_flops_per_token / model.flops_per_token")
     if run.on_cuda:
-        out["device_busy"] = Figure(100 * total / step_s, "%", "ops.parquet self_device_s / summary.step_time_s.mean")
+        out["device_busy"] = _percent(total, step_s, "ops.parquet self_device_s / summary.step_time_s.mean")
     return out

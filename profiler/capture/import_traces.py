@@ -2,7 +2,8 @@
 `glmperf import`.
 
 The traces are read and analyzed by profiler.traces.summary, one at a time. A file that cannot be
-read is left out and named in the run (`import.failed`); the others are imported. The run's `source`
+read is left out and named in the run (`import.failed`); the others are imported. A worker's several
+profiling sessions (tensorboard_trace_handler's files) are one rank (`import.sessions`). The run's `source`
 is `import`; its steps, ops and kernels tables and its summary (with `summary.trace`) are what the
 diagnosis, compare, the reports and the dashboard read.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 from profiler import store
 from profiler.capture.finish import finalize
-from profiler.traces.summary import ImportFailed, analyze_traces, check_one_session_each, trace_files
+from profiler.traces.summary import ImportFailed, analyze_traces, trace_files
 
 
 @dataclass
@@ -24,6 +25,8 @@ class Imported:
     ranks: dict[int, Path]
     failed: list[dict[str, str]] = field(default_factory=list)
     """`file` and `error` of each trace left out."""
+    sessions: dict[int, list[str]] = field(default_factory=dict)
+    """The files of each rank read from several profiling sessions of one worker, in time order."""
 
 
 def _environment(meta: dict[str, Any], gpu: bool, world_size: int) -> dict[str, Any]:
@@ -40,7 +43,6 @@ def import_traces(trace_dir: str | Path, *, name: str | None = None, runs_dir: P
     when none can be read."""
     trace_dir = Path(trace_dir)
     files = trace_files(trace_dir)
-    check_one_session_each(files)
     if not files:
         raise ImportFailed(f"no chrome traces (*.json, *.json.gz) in {trace_dir}")
     analyzed = analyze_traces(files)
@@ -49,10 +51,12 @@ def import_traces(trace_dir: str | Path, *, name: str | None = None, runs_dir: P
     gpu = any("temporal" in f for f in analyzed.per_rank.values())
     world = len(analyzed.paths)
     job_world = (analyzed.meta.get("distributedInfo") or {}).get("world_size")
+    sessions = {r: f["sessions"] for r, f in sorted(analyzed.per_rank.items()) if "sessions" in f}
     record = {"source": "import", "config": {}, "world_size": world,
               "environment": _environment(analyzed.meta, gpu, world),
               "import": {"trace_dir": str(trace_dir.resolve()),
                          "files": {str(r): str(p) for r, p in sorted(analyzed.paths.items())},
+                         "sessions": {str(r): files for r, files in sessions.items()},
                          "failed": analyzed.failed, "job_world_size": job_world},
               "pid": None}
     default = trace_dir.resolve().name.removesuffix(".gz").removesuffix(".json") if trace_dir.is_file() else \
@@ -61,5 +65,5 @@ def import_traces(trace_dir: str | Path, *, name: str | None = None, runs_dir: P
     for table in analyzed.tables:
         store.write_table(run_dir, table, analyzed.table(table))
     finalize(run_dir, trace=analyzed.summary())
-    return Imported(run_dir=run_dir, ranks=analyzed.paths, failed=analyzed.failed)
+    return Imported(run_dir=run_dir, ranks=analyzed.paths, failed=analyzed.failed, sessions=sessions)
 

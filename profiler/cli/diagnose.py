@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from profiler.cli import common
 
@@ -21,15 +22,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "diagnose", help="what holds a run back: each bottleneck with its rule, threshold and evidence"))
 
 
+def refusal(run: RunData, summary: Mapping[str, Any]) -> str | None:
+    """Why the run cannot be diagnosed, in one line (it has no counted step), or None. `glmperf show`
+    refuses the same runs, so that it never prints a verdict that diagnose would refuse."""
+    if summary.get("steps_counted"):
+        return None
+    return f"run {run.id} has no counted step to diagnose ({run.status}; {'; '.join(summary.get('notes', []))})"
+
+
 def diagnosable(run_dir: Path) -> RunData:
     """The run, refused in one line when it has no counted step to diagnose."""
     from profiler.analysis import summary_of
 
     run = common.load_run(run_dir)
-    summary = summary_of(run)
-    if not summary.get("steps_counted"):
-        raise common.BadInput(f"run {run.id} has no counted step to diagnose ({run.status}; "
-                              f"{'; '.join(summary.get('notes', []))})")
+    if why := refusal(run, summary_of(run)):
+        raise common.BadInput(why)
     return run
 
 

@@ -18,9 +18,9 @@ from profiler.cli import common
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("import", help="import existing torch.profiler traces (one chrome JSON per rank) as "
                               "a run", description="Read every chrome trace (*.json, *.json.gz) in TRACE_DIR, one "
-                              "per rank (or the one trace file TRACE_DIR names), and store them as a run that "
-                              "diagnose, compare, report and the dashboard read. GPU traces get HTA's temporal, "
-                              "kernel, overlap and idle breakdowns.")
+                              "per rank (a worker's several profiling sessions make one rank), or the one trace file "
+                              "TRACE_DIR names, and store them as a run that diagnose, compare, report and the "
+                              "dashboard read. GPU traces get HTA's temporal, kernel, overlap and idle breakdowns.")
     p.add_argument("trace_dir", type=Path, metavar="TRACE_DIR", help="directory of the traces (e.g. the one "
                    "tensorboard_trace_handler wrote), or one trace file")
     p.add_argument("--name", help="run name (default: the directory's name, or the file's without .json[.gz])")
@@ -46,6 +46,9 @@ def main(args: argparse.Namespace) -> int:
                            "summary": summary, "diagnosis": diagnosis})
         return common.EXIT_OK
     print(f"imported {len(imported.ranks)} rank(s) from {args.trace_dir} as run {run.id}")
+    for rank, files in imported.sessions.items():
+        print(f"rank {rank}: {len(files)} profiling sessions of one worker, read as one rank "
+              f"({', '.join(Path(f).name for f in files)})")
     console.print_summary(run.record, summary, run.status, run.path, sys.stdout)
     print_trace(summary.get("trace") or {}, sys.stdout)
     console.print_advice_head(run.id, diagnosis, sys.stdout)

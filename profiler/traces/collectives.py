@@ -9,10 +9,14 @@ the backend's own event (`gloo:all_reduce`, `nccl:all_reduce`, with the tensor i
 in order within the family (gloo runs a reduce-scatter as an all-reduce of its input: matched by size).
 
 Time is the backend's, the union of its events' intervals (work on two streams or threads at once
-counts once). On the GPU, the NCCL kernels, their kind from their names (all-to-all runs
-SendRecv kernels: counted as send_recv there). On the CPU, gloo's events, each the work of the operator
-matched to it: on its worker threads, or on the training thread from posting to completion (a pipeline's
-asynchronous sends and receives, in flight while the thread computes). Exposed time is the part of it no
+counts once). On the GPU, the NCCL kernels, each of the kind of the collective that launched it: its
+launch call (the kernel's `correlation`) sits inside the backend's event (`nccl:all_reduce`) and the
+process-group operator. NCCL 2.19+ and RCCL name most kernels `ncclDevKernel_Generic`, and all-to-all
+runs SendRecv kernels, so a kernel's name says its kind only where no collective encloses its launch
+(`AllReduce` in it, ...; else send_recv); `kernels_by` counts the kernels each way. On the CPU, gloo's
+events, each the work of the operator matched to it: on its worker threads, or on the training thread
+from posting to completion (a pipeline's asynchronous sends and receives, in flight while the thread
+computes). Exposed time is the part of it no
 computation overlaps: compute kernels on the GPU (HTA's comm_comp_overlap, per kind), on the CPU the
 training threads' aten operators, so a pipeline stage waiting for its neighbour (its bubble) shows as
 exposed send_recv.
@@ -98,18 +102,27 @@ FUNCTIONAL = "_c10d_functional::"
 """DTensor's collectives: the operator that encloses a coalesced c10d operator and names its dtype."""
 
 
+def _enclosing(outer: pd.DataFrame, thread: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """For each point (a thread, a time), the position in `outer` (host events in time order, not nested
+    in one another) of the event on that thread around it, or -1."""
+    found = np.full(len(ts), -1, dtype=np.int64)
+    threads = outer["thread"].to_numpy()
+    for key in np.unique(threads):
+        positions = np.flatnonzero(threads == key)
+        starts = outer["ts"].to_numpy()[positions]
+        ends = starts + outer["dur"].to_numpy()[positions]
+        mine = np.flatnonzero(thread == key)
+        at = np.searchsorted(starts, ts[mine], side="right") - 1
+        inside = (at >= 0) & (ts[mine] <= ends[np.maximum(at, 0)])
+        found[mine[inside]] = positions[at[inside]]
+    return found
+
+
 def _enclosing_itemsize(host: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
     """Bytes per element of each operator's enclosing functional collective (its first argument), or NaN."""
     outer = host[(host["role"] == WAIT) & host["name"].str.startswith(FUNCTIONAL, na=False)]
-    sizes = np.full(len(ops), np.nan)
-    for thread, part in outer.groupby("thread"):
-        starts, ends = part["ts"].to_numpy(), (part["ts"] + part["dur"]).to_numpy()
-        items = [ITEMSIZE.get((_parse(t) or [None])[0], np.nan) for t in part["types"]]
-        mine = (ops["thread"] == thread).to_numpy()
-        at = np.searchsorted(starts, ops["ts"].to_numpy()[mine], side="right") - 1
-        inside = (at >= 0) & (ops["ts"].to_numpy()[mine] <= ends[np.maximum(at, 0)])
-        sizes[np.flatnonzero(mine)[inside]] = np.asarray(items)[at[inside]]
-    return sizes
+    items = np.array([ITEMSIZE.get((_parse(t) or [None])[0], np.nan) for t in outer["types"]] + [np.nan])
+    return items[_enclosing(outer, ops["thread"].to_numpy(), ops["ts"].to_numpy())]
 
 
 OTHER, OP, BACKEND, WAIT, ATEN, STEP = range(6)
@@ -182,31 +195,44 @@ def _exposed(starts: np.ndarray, ends: np.ndarray, busy: tuple[np.ndarray, np.nd
     return intervals.length(*union) - intervals.overlap(union, busy)
 
 
-def _gpu_times(window: Window) -> dict[str, tuple[float, float]]:
-    """(time, exposed) in us by kind, from the NCCL kernels of the trace (HTA's window)."""
+def _launch_kinds(trace: Trace, *outers: tuple[pd.DataFrame, pd.Series]) -> pd.Series:
+    """The collective each launch call (index: its correlation) was made in: the kind of the event of
+    `outers` around it (host events in time order, with their kinds), a later one of `outers` winning."""
+    ev = trace.events
+    calls = ev[(ev["stream"] < 0) & (ev["correlation"] >= 0)].drop_duplicates("correlation")
+    thread, ts = calls["thread"].to_numpy(), calls["ts"].to_numpy()
+    kinds = np.full(len(calls), None, dtype=object)
+    for events, kind in outers:
+        at = _enclosing(events, thread, ts)
+        kinds[at >= 0] = kind.to_numpy()[at[at >= 0]]
+    found = pd.notna(kinds)
+    return pd.Series(kinds[found], index=calls["correlation"].to_numpy()[found], dtype=object)
+
+
+def _kind_by_name(name: str) -> str:
+    return next((kind for key, kind in _KERNEL_KIND if key in name), "send_recv")
+
+
+def _gpu_times(window: Window, launched: pd.Series) -> tuple[dict[str, tuple[float, float]], dict[str, int]]:
+    """(time, exposed) in us by kind, from the NCCL kernels of the trace (HTA's window), each of the kind
+    its launch was made in (`launched`), else of its name's; and how many kernels got their kind each way."""
     gpu = window.gpu
     comm = gpu[gpu["kind"] == COMMUNICATION]
     comp = gpu[gpu["kind"] == COMPUTATION]
     busy = intervals.merge(comp["ts"].to_numpy(), comp["end"].to_numpy())
-    kinds = comm["name"].map(lambda n: next((k for key, k in _KERNEL_KIND if key in n), "send_recv"))
+    by_host = comm["correlation"].map(launched)
+    kinds = by_host.fillna(comm["name"].map(_kind_by_name))
     out = {}
     for kind, part in comm.groupby(kinds):
         s, e = part["ts"].to_numpy(), part["end"].to_numpy()
-        out[kind] = (intervals.length(*intervals.merge(s, e)), _exposed(s, e, busy))
-    return out
+        out[str(kind)] = (intervals.length(*intervals.merge(s, e)), _exposed(s, e, busy))
+    return out, {"host_operator": int(by_host.notna().sum()), "kernel_name": int(by_host.isna().sum())}
 
 
-def analyze(trace: Trace, steps: int, window: Window | None = None) -> dict[str, Any]:
-    """{"backend", "step_s", "kinds": {kind: {calls, bytes, time_s, exposed_s}}}, per profiled step, or {};
-    `window` is the trace's HTA window when the caller has it already."""
-    if steps < 1:
-        return {}
-    if not set(OPS) & set(trace.names):
-        return {}
-    host = _host(trace)
+def _operators(host: pd.DataFrame) -> pd.DataFrame:
+    """The process-group operators of `host` with their `kind`, backend `family` and payload `bytes` (NaN
+    where the operator does not say: its backend event may)."""
     ops = host[host["role"] == OP].copy()
-    if ops.empty:  # the names occur, but not on host operators
-        return {}
     ops["kind"], ops["family"], arg = zip(*ops["name"].map(OPS), strict=True)
     ops["bytes"] = [_bytes(_parse(d), _parse(t), a) for d, t, a in zip(ops["dims"], ops["types"], arg, strict=True)]
     # a coalesced operator (DTensor's) records its tensors' shapes but not their dtype: the enclosing one has it
@@ -215,18 +241,43 @@ def analyze(trace: Trace, steps: int, window: Window | None = None) -> dict[str,
     listed = np.isfinite(numel)
     if listed.any():
         ops.loc[listed, "bytes"] = numel[listed] * _enclosing_itemsize(host, ops[listed])
+    return ops
+
+
+def _backend(host: pd.DataFrame) -> pd.DataFrame:
+    """The backend's events of `host` with their `library` (gloo, nccl), `family`, `kind` and `bytes`."""
     backend = host[host["role"] == BACKEND].copy()
     found = backend["name"].str.extract(_BACKEND)
+    backend["library"] = found[0]
     backend["family"] = found[1].map(lambda f: _FAMILY.get(f, f))
+    backend["kind"] = backend["family"].replace({"send": "send_recv", "recv": "send_recv"})
     backend["bytes"] = [_bytes(_parse(d), _parse(t), 0) for d, t in zip(backend["dims"], backend["types"], strict=True)]
+    return backend
+
+
+def analyze(trace: Trace, steps: int, window: Window | None = None) -> dict[str, Any]:
+    """{"backend", "step_s", "kinds": {kind: {calls, bytes, time_s, exposed_s}}}, per profiled step, with NCCL
+    `kernels_by` (module docstring), or {}; `window` is the trace's HTA window when the caller has it already."""
+    if steps < 1:
+        return {}
+    if not set(OPS) & set(trace.names):
+        return {}
+    host = _host(trace)
+    if not (host["role"] == OP).any():  # the names occur, but not on host operators
+        return {}
+    ops, backend = _operators(host), _backend(host)
     matched = np.asarray(_match(ops, backend), dtype=np.int64)
     has = matched >= 0
     from_backend = ops["bytes"].isna().to_numpy() & has
     ops.loc[from_backend, "bytes"] = backend["bytes"].to_numpy()[matched[from_backend]]
-    name = found[0].iloc[0] if len(backend) else ("nccl" if (trace.events["stream"] >= 0).any() else "")
+    name = backend["library"].iloc[0] if len(backend) else ("nccl" if (trace.events["stream"] >= 0).any() else "")
+    out: dict[str, Any] = {"backend": name}
     kinds: dict[str, dict[str, float]] = {}
-    gpu = _gpu_times(window or hta_window(trace)) if name == "nccl" else {}
-    for kind in set(gpu) - set(ops["kind"]):  # kernels of operators outside the window, or all-to-all's SendRecv
+    gpu: dict[str, tuple[float, float]] = {}
+    if name == "nccl":  # the operator's kind wins over its backend event's (gloo runs a reduce-scatter as all-reduce)
+        launched = _launch_kinds(trace, (backend, backend["kind"]), (ops, ops["kind"]))
+        gpu, out["kernels_by"] = _gpu_times(window or hta_window(trace), launched)
+    for kind in set(gpu) - set(ops["kind"]):  # kernels of operators outside the window, or named by no operator
         kinds[kind] = {"calls": math.nan, "bytes": math.nan, "time_s": gpu[kind][0] / 1e6 / steps,
                        "exposed_s": gpu[kind][1] / 1e6 / steps}
     # the backend's own threads (gloo's workers) compute nothing; a training thread may hold backend events
@@ -247,5 +298,5 @@ def analyze(trace: Trace, steps: int, window: Window | None = None) -> dict[str,
         kinds[kind] = {"calls": len(part) / steps, "bytes": float(part["bytes"].sum(min_count=1)) / steps,
                        "time_s": time_us / 1e6 / steps, "exposed_s": exposed_us / 1e6 / steps}
     step_us = host.loc[host["role"] == STEP, "dur"]
-    return {"backend": name, "step_s": float(step_us.mean()) / 1e6 if len(step_us) else math.nan,
+    return {**out, "step_s": float(step_us.mean()) / 1e6 if len(step_us) else math.nan,
             "kinds": {k: kinds[k] for k in KINDS if k in kinds}}

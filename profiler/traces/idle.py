@@ -1,10 +1,14 @@
 """Idle time breakdown (HTA `get_idle_time_breakdown`): why each CUDA stream waits between kernels.
 
-On each stream, the gap before a kernel is
-- host wait when the kernel's launch (its runtime call) began after the previous kernel ended: the
-  host did not enqueue work fast enough;
+On each stream, the gap before a kernel (from the latest end of the kernels before it on the stream)
+is
+- host wait when the kernel's launch (its runtime call) began after that end: the host did not
+  enqueue work fast enough;
 - kernel wait when it is shorter than `KERNEL_WAIT_US` otherwise: the cost of back-to-back launches;
 - other otherwise (waiting on another stream, an event, a synchronization).
+A kernel that starts before the stream's earlier work ends (MTIA's DMA transfers run beside its
+kernels on one stream) has no gap; HTA subtracts the previous kernel's end alone, and its overlaps
+count as negative idle time. Kernels without a launch (no `correlation`) are never host wait.
 Returns `host_wait_share`, `kernel_wait_share`, `other_share` (fractions of the gaps summed over
 streams) and `idle_time_s` (that sum).
 """
@@ -29,8 +33,8 @@ def analyze(window: Window) -> dict[str, Any]:
     gpu = gpu.assign(launch_ts=gpu["correlation"].map(launch).fillna(-np.inf).to_numpy())
     totals = {"host_wait": 0.0, "kernel_wait": 0.0, "other": 0.0}
     for _, s in gpu.sort_values("ts", kind="stable").groupby("stream", sort=False):
-        prev_end = s["end"].shift(1).to_numpy()
-        gap = s["ts"].to_numpy() - prev_end
+        prev_end = np.concatenate([[np.nan], np.maximum.accumulate(s["end"].to_numpy())[:-1]])
+        gap = np.maximum(s["ts"].to_numpy() - prev_end, 0.0)
         valid = ~np.isnan(gap)
         host = s["launch_ts"].to_numpy() > prev_end
         kernel = ~host & (gap < KERNEL_WAIT_US)

@@ -3,7 +3,8 @@ type), how many, and their time.
 
 Columns: `rank`, `name`, `kind` (computation, communication, memory, other), `stream` (the
 stream most of them ran on), `calls`, `time_s`, `mean_s`, `min_s`, `max_s`, `steps` (ProfilerSteps
-of the rank: divide by it for per-step figures). Every GPU event of the trace counts.
+of the rank: divide by it for per-step figures). Every GPU event of the trace counts (window.on_device:
+launched or not, as MTIA's DMA transfers).
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import numpy as np
 import pandas as pd
 
 from profiler.traces.reader import Trace
-from profiler.traces.window import kind
+from profiler.traces.window import kind, on_device
 
 
 def kernel_rows(trace: Trace, rank: int, steps: int) -> pd.DataFrame:
     ev = trace.events
-    gpu = ev[(ev["stream"] >= 0) & (ev["correlation"] >= 0)]
+    gpu = ev[on_device(ev)]
     if gpu.empty:
         return pd.DataFrame()
     g = gpu.groupby("name")

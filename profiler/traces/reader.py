@@ -10,6 +10,11 @@ is slower but reads any valid JSON.
 
 Only complete events (`ph` "X", with a `dur` and a `cat`) are kept, the ones every analysis here
 uses; metadata, flow, instant and counter events are skipped (HTA drops them too).
+
+Times keep the trace's own digits: `ts` is read from its text as the whole microseconds after the
+trace's base (its first event's) plus the fraction. Parsed as one float64, an epoch-scale time
+(1.7e15 us, older Kineto traces) keeps only quarter microseconds, and the nanoseconds Kineto writes
+are lost.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import operator
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from types import GenericAlias
 from typing import Any
@@ -49,13 +55,16 @@ class Trace:
     path: Path
     meta: dict[str, Any]
     events: pd.DataFrame
-    """Columns: `cat`, `name`, `thread` (codes into `cats`, `names`, `threads`), `pid`, `ts`, `dur` (us,
-    as in the file), `stream` (-1 off the GPU), `correlation`, `external_id` (-1 when absent),
+    """Columns: `cat`, `name`, `thread` (codes into `cats`, `names`, `threads`), `pid`, `ts` (us after
+    `base_us`), `dur` (us, as in the file), `stream` (-1 off the GPU), `correlation`, `external_id` (-1 when
+    absent),
     `input_dims`, `input_types` (codes into `names`, -1 when absent; types kept on collective events only,
     their one reader: profiler.traces.collectives), `flops` (NaN when absent)."""
     names: list[str]
     cats: list[str]
     threads: list[str]
+    base_us: int = 0
+    """The whole us subtracted from every `ts` (module docstring): the file's time is `ts + base_us`."""
 
     def codes(self, table: list[str], wanted: Iterable[str]) -> list[int]:
         """The codes of the `wanted` strings that occur in `table` (names, cats or threads; a category
@@ -89,7 +98,7 @@ try:  # msgspec decodes straight into typed records, skipping the fields not nam
         name: str = ""
         pid: int | str = -1
         tid: int | str = -1
-        ts: float = 0.0
+        ts: msgspec.Raw = msgspec.Raw(b"0")
         dur: float | None = None
         args: _Args | None = None
 
@@ -113,7 +122,7 @@ def _records(events: list[Any]) -> dict[str, list[Any]]:
     xs = [e for e in events if type(e) is _Event and e.dur is not None and e.cat is not None and e.cat != "Trace"]
     args = [e.args or _NO_ARGS for e in xs]
     return {"cat": [e.cat for e in xs], "name": [e.name for e in xs], "pid": [e.pid for e in xs],
-            "tid": [e.tid for e in xs], "ts": [e.ts for e in xs], "dur": [e.dur for e in xs],
+            "tid": [e.tid for e in xs], "ts": b" ".join([e.ts for e in xs]).split(), "dur": [e.dur for e in xs],
             "stream": [a.stream for a in args], "correlation": [a.correlation for a in args],
             "external_id": [a.external_id for a in args],
             "input_dims": [bytes(a.input_dims) for a in args],
@@ -135,14 +144,15 @@ def _dicts(events: Iterable[Any]) -> dict[str, list[Any]]:
     types = [a.get("Input type") for a in args]
     return {"cat": [e["cat"] for e in xs], "name": [str(e.get("name", "")) for e in xs],
             "pid": [e.get("pid", -1) for e in xs], "tid": [e.get("tid", -1) for e in xs],
-            "ts": [float(e["ts"]) for e in xs], "dur": [float(e["dur"]) for e in xs],
+            "ts": [str(e["ts"]).encode() for e in xs], "dur": [float(e["dur"]) for e in xs],
             "stream": [_int(a.get("stream", -1)) for a in args],
             "correlation": [_int(a.get("correlation", -1)) for a in args],
             "external_id": [_int(a.get("External id", -1)) for a in args],
             "input_dims": [None if d is None else str(d) for d in dims],
             "input_types": [None if t is None or not str(e.get("name", "")).startswith(TYPED) else str(t)
                             for e, t in zip(xs, types, strict=True)],
-            "flops": [f if isinstance(f, (int, float)) else None for f in (a.get("flops") for a in args)]}
+            "flops": [float(f) if isinstance(f, (int, float, Decimal)) else None
+                      for f in (a.get("flops") for a in args)]}
 
 
 class _Columns:
@@ -154,6 +164,8 @@ class _Columns:
         self.cats: dict[str, int] = {}
         self.threads: dict[str, int] = {}
         self.size = 0
+        self.base: int | None = None
+        """Trace.base_us: the first event's whole us."""
 
     @staticmethod
     def _codes(values: list[Any], table: dict[str, int], text: Any = str) -> np.ndarray:
@@ -178,16 +190,38 @@ class _Columns:
             f"{pid_values[v // len(tid_values)]}/{tid_values[v % len(tid_values)]}", len(self.threads))
             for v in pair_values.tolist()], dtype=np.int64)[pairs])
         put["pid"].append(np.array([p if isinstance(p, int) else -1 for p in fields["pid"]], dtype=np.int64))
-        for f in ("ts", "dur"):
-            put[f].append(np.asarray(fields[f], dtype=np.float64))
+        put["ts"].append(self._times(fields["ts"]))
+        put["dur"].append(np.asarray(fields["dur"], dtype=np.float64))
         put["flops"].append(np.array([np.nan if f is None else f for f in fields["flops"]], dtype=np.float64))
         for f in ("stream", "correlation", "external_id"):
             put[f].append(np.asarray(fields[f], dtype=np.int64))
         self.size += n
 
+    def _times(self, texts: list[bytes]) -> np.ndarray:
+        """The times `texts` in us after the trace's base: the whole us subtracted as integers, then the fraction
+        added, so that float64 keeps every digit."""
+        whole, fraction = _split_number(texts)
+        if self.base is None:
+            self.base = int(whole[0])
+        return (whole - self.base).astype(np.float64) + fraction
+
     def frame(self) -> pd.DataFrame:
         """The columns as one frame, each block's parts freed as its column is joined (no second copy)."""
         return pd.DataFrame({f: np.concatenate(self.parts.pop(f)) for f in FIELDS}, copy=False)
+
+
+def _split_number(texts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """JSON numbers from their text as whole part (int64) and fraction (float64, with the number's sign)."""
+    text = np.array(texts, dtype=np.bytes_)
+    head, _, digits = np.strings.partition(text, b".")
+    digits = np.strings.add(digits, b"0")  # "" (an integer) reads as 0
+    if text.dtype.itemsize > 24 or (np.strings.find(digits, b"e") >= 0).any() or \
+            (np.strings.find(digits, b"E") >= 0).any():  # not Kineto's: float64's digits
+        value = text.astype(np.float64)
+        whole = np.floor(value)
+        return whole.astype(np.int64), value - whole
+    fraction = digits.astype(np.int64) / 10.0 ** np.strings.str_len(digits)
+    return head.astype(np.int64), np.where(np.strings.startswith(text, b"-"), -fraction, fraction)
 
 
 def _dims_text(value: Any) -> str:
@@ -307,7 +341,7 @@ def _stream_read(path: Path, columns: _Columns) -> dict[str, Any]:
     import ijson
 
     with _open(path) as fh:
-        events = ijson.items(fh, "traceEvents.item", use_float=True)
+        events = ijson.items(fh, "traceEvents.item")  # numbers as Decimal: the times' digits kept
         while batch := list(itertools.islice(events, 50_000)):
             columns.add(_dicts(batch))
     meta: dict[str, Any] = {}
@@ -350,4 +384,5 @@ def read_trace(path: str | Path) -> Trace:
         raise TraceError(f"{path}: holds no complete events (ph 'X' with a duration): not a torch.profiler trace, "
                          "or an empty profiling window")
     return Trace(path=path, meta=meta, events=columns.frame(), names=list(columns.names),
-                 cats=[OLD_CATEGORIES.get(c, c) for c in columns.cats], threads=list(columns.threads))
+                 cats=[OLD_CATEGORIES.get(c, c) for c in columns.cats], threads=list(columns.threads),
+                 base_us=columns.base or 0)

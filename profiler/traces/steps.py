@@ -26,7 +26,7 @@ import pandas as pd
 
 from profiler.traces import intervals
 from profiler.traces.reader import Trace
-from profiler.traces.window import COMMUNICATION, COMPUTATION, kind, rounded
+from profiler.traces.window import COMMUNICATION, COMPUTATION, kind, times
 
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 DATA = "enumerate(DataLoader)"
@@ -94,7 +94,7 @@ def step_rows(trace: Trace, rank: int) -> pd.DataFrame:
         in_forward = min(_exposed_comm(comm_spans, lo, first_backward), forward_s)
         in_backward = min(_exposed_comm(comm_spans, first_backward, hi), backward_s)
         comm_s = in_forward + in_backward
-        row = {"step": int(step_no[i]), "rank": rank, "ts_end": hi / 1e6, "step_s": dur[i] / 1e6,
+        row = {"step": int(step_no[i]), "rank": rank, "ts_end": (hi + trace.base_us) / 1e6, "step_s": dur[i] / 1e6,
                "host_s": dur[i] / 1e6, "data_s": data_s / 1e6, "h2d_s": 0.0,
                "forward_s": (forward_s - in_forward) / 1e6, "backward_s": (backward_s - in_backward) / 1e6,
                "optimizer_s": optimizer_s / 1e6, "comm_s": comm_s / 1e6, "checkpoint_s": 0.0}
@@ -112,7 +112,7 @@ def _gpu_by_launch(trace: Trace) -> pd.DataFrame:
     launch = ev[(ev["stream"] < 0) & (ev["correlation"] >= 0)].drop_duplicates("correlation")
     if gpu.empty:
         return pd.DataFrame(columns=["kind", "launch", "ts", "end"])
-    start, end = rounded(gpu)
+    start, end = times(gpu)
     kinds = {code: kind(trace.names[code]) for code in gpu["name"].unique()}
     out = pd.DataFrame({"kind": gpu["name"].map(kinds).to_numpy(), "ts": start, "end": end,
                         "launch": gpu["correlation"].map(launch.set_index("correlation")["ts"]).to_numpy()})

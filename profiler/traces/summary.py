@@ -16,20 +16,17 @@ from typing import Any
 import pandas as pd
 
 from profiler import store
-from profiler.traces import collectives, comm_overlap, idle, kernel_types, launches, ranks, temporal
+from profiler.traces import collectives, comm_overlap, idle, kernel_types, launches, ranks, sessions, temporal
 from profiler.traces.kernels import kernel_rows
 from profiler.traces.ops import op_rows
 from profiler.traces.reader import Trace, TraceError, read_trace
 from profiler.traces.steps import step_rows
-from profiler.traces.window import hta_window
+from profiler.traces.window import EXACT, Timing, hta_window
 
 SUFFIXES = (".json", ".json.gz")
 
 
 RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-SESSION = re.compile(r"^(?P<worker>.+)\.(?P<ms>\d{10,})\.pt\.trace\.json(\.gz)?$")
-"""tensorboard_trace_handler's file name: `<worker>.<milliseconds>.pt.trace.json[.gz]`, one per profiling
-session of a worker."""
 
 
 class ImportFailed(ValueError):
@@ -47,20 +44,6 @@ def trace_files(trace_dir: Path) -> list[Path]:
     return sorted(p for p in trace_dir.iterdir() if p.is_file() and p.name.endswith(SUFFIXES))
 
 
-def check_one_session_each(files: list[Path]) -> None:
-    """Refuse a worker's several profiling sessions (tensorboard_trace_handler writes one file per
-    session, minutes apart): read as ranks they made a false straggler and dropped every step."""
-    sessions: dict[str, list[str]] = {}
-    for path in files:
-        if found := SESSION.match(path.name):
-            sessions.setdefault(found["worker"], []).append(path.name)
-    repeated = {w: names for w, names in sessions.items() if len(names) > 1}
-    if repeated:
-        worker, names = next(iter(repeated.items()))
-        raise ImportFailed(f"{worker} has {len(names)} profiling sessions ({', '.join(sorted(names))}), not one "
-                           "trace per rank: import one session's file, or a directory with one file per rank")
-
-
 def rank_of(trace: Trace) -> int | None:
     """The rank the trace says (`distributedInfo.rank`), else one in its file name (`rank-3`, `rank_3`)."""
     rank = (trace.meta.get("distributedInfo") or {}).get("rank")
@@ -70,12 +53,13 @@ def rank_of(trace: Trace) -> int | None:
     return int(named.group(1)) if named else None
 
 
-def analyze_rank(trace: Trace, rank: int) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
-    """One rank's figures (summary.trace.ranks.<rank>) and its table rows."""
+def analyze_rank(trace: Trace, rank: int, timing: Timing = EXACT) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """One rank's figures (summary.trace.ranks.<rank>), its GPU times read as `timing` says (profiler.traces.window),
+    and its table rows."""
     steps = step_rows(trace, rank)
     n_steps = len(steps)
     figures: dict[str, Any] = {"file": str(trace.path), "steps": n_steps}
-    window = hta_window(trace)
+    window = hta_window(trace, timing)
     if not window.gpu.empty:
         figures["window_steps"] = n_steps - 1 if n_steps >= 2 else n_steps  # HTA leaves the last step out
         figures["temporal"] = temporal.analyze(window)
@@ -93,6 +77,8 @@ def analyze_rank(trace: Trace, rank: int) -> tuple[dict[str, Any], dict[str, pd.
 class Analyzed:
     """Every readable trace of a set, analyzed: figures and table rows by rank, and what failed."""
 
+    timing: Timing = EXACT
+    """How the GPU figures read event times (profiler.traces.window): `exact`, or `hta` to compare with HTA."""
     per_rank: dict[int, dict[str, Any]] = field(default_factory=dict)
     tables: dict[str, list[pd.DataFrame]] = field(default_factory=lambda: {"steps": [], "ops": [], "kernels": []})
     paths: dict[int, Path] = field(default_factory=dict)
@@ -105,38 +91,46 @@ class Analyzed:
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
     def summary(self) -> dict[str, Any]:
-        """summary.trace: per rank, then across ranks."""
-        return {"ranks": {str(r): f for r, f in sorted(self.per_rank.items())},
+        """summary.trace: per rank, then across ranks, and the `timing` the GPU figures used."""
+        return {"timing": self.timing, "ranks": {str(r): f for r, f in sorted(self.per_rank.items())},
                 **ranks.analyze(self.table("steps"), self.per_rank)}
 
 
-def analyze_traces(files: list[Path]) -> Analyzed:
-    """Read and analyze each file in turn (one trace in memory at a time)."""
-    out = Analyzed()
+def analyze_traces(files: list[Path], timing: Timing = EXACT) -> Analyzed:
+    """Read and analyze each file in turn (one trace in memory at a time); `timing`: how the GPU figures read
+    event times (`hta` only to compare with HTA's own figures). A worker's profiling sessions make one rank
+    (profiler.traces.sessions)."""
+    out = Analyzed(timing=timing)
     unnamed = 0
+    read: dict[int, list[sessions.Session]] = {}
     for path in files:
         try:
             trace = read_trace(path)
         except TraceError as exc:
             out.failed.append({"file": str(path), "error": str(exc)})
             continue
-        rank = rank_of(trace)
+        earlier = sessions.worker_rank(path, out.paths)
+        rank = rank_of(trace) if earlier is None else earlier
         if rank is None:
             rank, unnamed = unnamed, unnamed + 1
-        if rank in out.paths:
+        if rank in out.paths and earlier is None:
             out.failed.append({"file": str(path), "error": f"{path}: rank {rank} again (also in "
                                                              f"{out.paths[rank].name})"})
             continue
-        figures, rows = analyze_rank(trace, rank)
+        figures, rows = analyze_rank(trace, rank, timing)
         if not figures["steps"] and "temporal" not in figures:
             out.failed.append({"file": str(path), "error": f"{path}: no ProfilerStep#N spans and no GPU events: "
                                                              "nothing to analyze"})
             continue
-        out.paths[rank], out.per_rank[rank], out.meta = path, figures, out.meta or trace.meta
+        out.paths.setdefault(rank, path)
+        out.meta = out.meta or trace.meta
+        read.setdefault(rank, []).append((path, figures, rows))
+        del trace
+    for rank, parts in read.items():
+        out.per_rank[rank], rows = sessions.combine(parts)
         for table, df in rows.items():
             if not df.empty:
                 out.tables[table].append(df)
-        del trace
     return out
 
 

@@ -3,7 +3,8 @@ event's start to its last event's end.
 
 Returns `idle_share` (no GPU event running), `compute_share` (a computation kernel running) and
 `non_compute_share` (the rest: only communication, memory or other events), fractions summing to
-1, and `gpu_time_s`, the span they divide.
+1, and `gpu_time_s`, the span they divide. Each is a length of merged spans (busy: every event's,
+compute: the computation kernels'), never a difference of overlapping sums, so none is negative.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ def analyze(window: Window) -> dict[str, Any]:
     span = float(busy_e[-1] - busy_s[0])
     if span <= 0:
         return {}
-    idle = span - float((busy_e - busy_s).sum())
+    busy = float((busy_e - busy_s).sum())
     compute = gpu[gpu["kind"] == COMPUTATION]
-    compute_time = intervals.length(compute["ts"].to_numpy(), compute["end"].to_numpy())
-    return {"idle_share": idle / span, "compute_share": compute_time / span,
-            "non_compute_share": (span - idle - compute_time) / span, "gpu_time_s": span / 1e6}
+    compute_time = min(intervals.length(compute["ts"].to_numpy(), compute["end"].to_numpy()), busy)
+    return {"idle_share": (span - busy) / span, "compute_share": compute_time / span,
+            "non_compute_share": (busy - compute_time) / span, "gpu_time_s": span / 1e6}

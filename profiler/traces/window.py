@@ -1,19 +1,30 @@
 """The GPU side of one rank's trace as HTA analyzes it: which events, which kind, which times.
 
-HTA (facebookresearch/HolisticTraceAnalysis, `hta/common/trace.py`, `hta/utils/utils.py`) reads
-the trace in whole microseconds (a nanosecond trace's start rounded up, its end down), and with two
-`ProfilerStep`s or more it leaves out the last step: host events from its start on, and GPU events
-whose launch (same `correlation`) is not kept, since the trace may end in the middle of it. A GPU
-event is one with a `stream` and a `correlation`. Its kind follows HTA's `get_kernel_type`: NCCL
-kernels are communication, Memcpy/Memset/dma memory, kernels not matching HTA's
-nccl|Memcpy|Memset|Sync pattern computation, the rest other. The shares of summary.trace use this
-window so that they mean what HTA's do.
+Events: a GPU event is one that runs on a device stream (`stream` >= 0), launched (a `correlation`
+pairs it with its runtime call) or not: MTIA's `dma_request` transfers carry no correlation and HTA's
+breakdowns count them. The launch statistics and the idle breakdown's host wait pair an event with
+its launch, so only launched events enter them. With two `ProfilerStep`s or more HTA leaves out the
+last step (`hta/common/trace.py`, the trace may end in the middle of it): host events from its start
+on, launched GPU events whose launch is not kept, and the others from the step's start on.
+
+Times (`Timing`): `exact` reads them as the trace has them, at its own resolution (ns in today's
+Kineto traces; the reader keeps the digits, profiler.traces.reader). HTA reads whole microseconds
+(`hta/common/trace_parser.py` `round_down_time_stamps`: a start rounded up, an end down), so each of
+its events loses up to 1 us, and on a trace of short kernels its idle share doubles. `hta` reads
+them as HTA does, for comparisons with HTA's own figures only. Either way an event never ends before
+it starts: one shorter than HTA's rounding is empty, where HTA gives it a negative length (and can
+report a negative non-compute share).
+
+Kinds follow HTA's `get_kernel_type`: NCCL kernels are communication, Memcpy/Memset/dma memory,
+kernels not matching HTA's nccl|Memcpy|Memset|Sync pattern computation, the rest other. The shares
+of summary.trace use this window so that they mean what HTA's do.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -21,6 +32,9 @@ import pandas as pd
 from profiler.traces.reader import Trace
 
 COMMUNICATION, MEMORY, COMPUTATION, OTHER = "communication", "memory", "computation", "other"
+Timing = Literal["exact", "hta"]
+EXACT: Timing = "exact"
+HTA: Timing = "hta"
 _NCCL = re.compile(r"^nccl.*Kernel")
 _MEMORY = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
 _NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
@@ -44,43 +58,53 @@ def kind(name: str) -> str:
     return OTHER
 
 
+def on_device(events: pd.DataFrame) -> np.ndarray:
+    """Which events ran on the GPU: those on a device stream, whether a launch call is paired with them or not."""
+    return events["stream"].to_numpy() >= 0
+
+
+def times(events: pd.DataFrame, timing: Timing = EXACT) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end of each event in us, read as `timing` says (module docstring)."""
+    ts = events["ts"].to_numpy()
+    end = ts + events["dur"].to_numpy()
+    if timing == HTA:
+        ts, end = np.ceil(ts), np.floor(end)
+    return ts, np.maximum(end, ts)
+
+
 @dataclass
 class Window:
-    """One rank's events in HTA's window, times in whole us."""
+    """One rank's events in HTA's window, times in us as its `Timing` reads them."""
 
     gpu: pd.DataFrame
-    """GPU events: `name` (str), `kind`, `is_kernel` (a KERNEL_CATS category), `stream`, `correlation`,
-    `ts`, `end`, `dur`."""
+    """GPU events: `name` (str), `kind`, `is_kernel` (a KERNEL_CATS category), `stream`, `correlation`
+    (-1: not launched by a runtime call), `ts`, `end`, `dur`."""
     host: pd.DataFrame
     """Host events with a correlation (runtime calls): `name` (str), `correlation`, `ts`, `dur`."""
 
 
-def rounded(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end in whole us, as HTA reads them."""
-    ts = events["ts"].to_numpy()
-    return np.ceil(ts), np.floor(ts + events["dur"].to_numpy())
-
-
-def hta_window(trace: Trace) -> Window:
+def hta_window(trace: Trace, timing: Timing = EXACT) -> Window:
     ev = trace.events
-    ts, end = rounded(ev)
-    on_gpu = (ev["stream"].to_numpy() >= 0) & (ev["correlation"].to_numpy() >= 0)
+    ts, end = times(ev, timing)
+    corr = ev["correlation"].to_numpy()
+    on_gpu = on_device(ev)
     names = np.asarray(trace.names, dtype=object)
     name_codes = ev["name"].to_numpy()
     step_codes = [i for i, n in enumerate(trace.names) if "ProfilerStep" in n]
     host = ~on_gpu
     is_step = host & np.isin(name_codes, step_codes)
     if len(set(name_codes[is_step])) >= 2:
-        host &= ts < ts[is_step].max()
-        on_gpu &= np.isin(ev["correlation"].to_numpy(), ev["correlation"].to_numpy()[host])
+        cut = ts[is_step].max()
+        host &= ts < cut
+        on_gpu &= np.where(corr >= 0, np.isin(corr, corr[host]), ts < cut)
     gpu = pd.DataFrame({"name": names[name_codes[on_gpu]], "stream": ev["stream"].to_numpy()[on_gpu],
-                        "correlation": ev["correlation"].to_numpy()[on_gpu], "ts": ts[on_gpu], "end": end[on_gpu]})
+                        "correlation": corr[on_gpu], "ts": ts[on_gpu], "end": end[on_gpu]})
     gpu["dur"] = gpu["end"] - gpu["ts"]
     kinds = {n: kind(n) for n in gpu["name"].unique()}
     gpu["kind"] = gpu["name"].map(kinds)
     cats = np.asarray(trace.cats, dtype=object)[ev["cat"].to_numpy()[on_gpu]]
     gpu["is_kernel"] = np.isin(cats, KERNEL_CATS)
-    linked = host & (ev["correlation"].to_numpy() >= 0)
-    runtime = pd.DataFrame({"name": names[name_codes[linked]], "correlation": ev["correlation"].to_numpy()[linked],
+    linked = host & (corr >= 0)
+    runtime = pd.DataFrame({"name": names[name_codes[linked]], "correlation": corr[linked],
                             "ts": ts[linked], "dur": end[linked] - ts[linked]})
     return Window(gpu=gpu, host=runtime)
