@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
-from profiler import store
+from profiler import api, store
 from profiler.capture.run import profile_run
 from profiler.config import load_config
 from reference_model.hooks import StepRecord, TrainerHook
@@ -67,6 +68,21 @@ def wait_for_steps(runs_dir: Path, n: int, timeout: float = 120) -> Path:
                 return run_dir
         time.sleep(0.2)
     raise AssertionError(f"no run reached {n} flushed steps in {timeout}s")
+
+
+def linear_steps(run: api.Run, model: torch.nn.Module, steps: int, *, batch: int = 32) -> None:
+    """A user's own loop inside `run`: `steps` steps of a Linear `model` (forward, backward, SGD)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        with run.step(tokens=batch) as step:
+            with run.phase("forward"):
+                loss = model(torch.randn(batch, model.in_features)).pow(2).mean()
+            with run.phase("backward"):
+                loss.backward()
+            with run.phase("optimizer"):
+                opt.step()
+                opt.zero_grad()
+            step.loss = loss.detach()
 
 
 def copy_run(run_dir: Path, dest: Path) -> Path:

@@ -16,7 +16,7 @@ import torch
 from profiler import api, store
 from profiler.capture import finish
 from profiler.cli import main
-from tests.conftest import tiny_run
+from tests.conftest import linear_steps, tiny_run
 
 QUICK = {"trace_window": [1, 1, 2], "sample_hz": 20, "flush_interval_s": 0.2, "warmup_steps": 1}
 """Profile settings that keep an API run short."""
@@ -40,18 +40,8 @@ def run_json_writes(monkeypatch: pytest.MonkeyPatch) -> list[CodeType]:
 def _own_loop(runs_dir: Path) -> Path:
     """A real run of a user's loop through profiler.api; its directory."""
     model = torch.nn.Linear(16, 16)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with api.run(name="own", runs_dir=runs_dir, model=model, profile=QUICK) as run:
-        for _ in range(5):
-            with run.step(tokens=32) as step:
-                with run.phase("forward"):
-                    loss = model(torch.randn(32, 16)).pow(2).mean()
-                with run.phase("backward"):
-                    loss.backward()
-                with run.phase("optimizer"):
-                    opt.step()
-                    opt.zero_grad()
-                step.loss = loss.detach()
+        linear_steps(run, model, 5)
     assert run.dir is not None
     return run.dir
 

@@ -28,7 +28,7 @@ from optimizers.config import ConfigError
 from profiler import api, store
 from profiler.instruments import ReplayBackend
 from profiler.instruments.prometheus import Figures, PortError
-from tests.conftest import ROOT, TINY, cli
+from tests.conftest import ROOT, TINY, cli, linear_steps
 from tests.test_nvml_replay import RECORDINGS
 
 PROMETHEUS = Path("/usr/bin/prometheus")
@@ -172,19 +172,9 @@ def test_a_port_in_use_or_out_of_range_is_refused_before_training(tmp_path: Path
 def test_a_users_own_loop_serves_its_steps_and_stops_serving_at_its_end(tmp_path: Path) -> None:
     port = free_port()
     model = torch.nn.Linear(16, 16)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with api.run(name="own", runs_dir=tmp_path / "runs", model=model,
                  profile={"metrics_port": port, "metrics_host": "127.0.0.1", "trace": False}) as run:
-        for _ in range(5):
-            with run.step(tokens=16) as step:
-                with run.phase("forward"):
-                    loss = model(torch.randn(4, 16)).pow(2).mean()
-                with run.phase("backward"):
-                    loss.backward()
-                with run.phase("optimizer"):
-                    opt.step()
-                    opt.zero_grad()
-                step.loss = loss.detach()
+        linear_steps(run, model, 5)
         def served() -> str | None:  # the writer hands rows on when the step timer resolves them
             text = fetch(f"http://127.0.0.1:{port}/metrics")
             return text if 'glmperf_steps_total{' in text and "} 5.0" in text else None
