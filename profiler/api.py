@@ -212,6 +212,9 @@ class Run:
         self.flops_per_token = flops_per_token
         self.device = _device_of(model, device)
         self.rank, self.world_size = dist_env()
+        compiled = isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
+        self.framework: dict[str, Any] = {"name": "torch", "settings": {"autocast": amp, "compile": compiled}}
+        """run.json config.framework: what trains the loop, the settings the advice checks (callbacks set theirs)."""
         self.dir: Path | None = None
         self.status: str | None = None
         self._record: RankRecord | None = None
@@ -381,7 +384,8 @@ class Run:
 
     def _create(self) -> Path:
         record = {"source": SOURCE, "world_size": self.world_size,
-                  "config": {"name": self.name, "profile": section_to_dict(self.profile), "user": self.user_config},
+                  "config": {"name": self.name, "profile": section_to_dict(self.profile), "user": self.user_config,
+                             "framework": json.loads(json.dumps(self.framework, default=str))},
                   "model": model_record(self.model, self.flops_per_token),
                   "environment": environment(self.device, world_size=self.world_size),
                   **measured_peaks(self.device, self.amp)}

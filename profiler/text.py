@@ -62,6 +62,8 @@ def expected_text(rec: Mapping[str, Any]) -> str:
     exp = rec["expected"]
     if rec.get("judged_by") == "stability":
         return f"steadier training, not a speed change  [{exp['basis']}]"
+    if "tokens_per_s" not in exp:
+        return f"not modelled  [{exp['basis']}]"
     source = exp.get("source", "modelled")
     gains = [f"tokens/s {range_text(exp['tokens_per_s'])} ({source})"]
     if "peak_memory" in exp:
@@ -69,6 +71,20 @@ def expected_text(rec: Mapping[str, Any]) -> str:
         gains.append(f"peak memory {range_text(exp['peak_memory'])} ({'modelled' if modelled else source})")
     why = f"; not probed: {exp['not_probed']}" if exp.get("not_probed") else ""
     return f"{', '.join(gains)}  [{exp['basis']}{why}]"
+
+
+def to_try(rec: Mapping[str, Any]) -> str:
+    """How to try a recommendation: the exact change to one's own training (its `change`), else the
+    profile-run command that reruns the run with it."""
+    change = rec.get("change")
+    return str(change["text"]) if change else str(rec["command"])
+
+
+def rerun_own(run_id: str) -> str:
+    """Why a run of one's own training is not rerun to verify a change, and what to do instead."""
+    return (f"run {run_id} is your own training: a verification reruns the reference trainer's config, which "
+            f"it does not have; make a recommended change, run your training again, then compare the two runs: "
+            f"glmperf compare {run_id} NEW_RUN")
 
 
 def measured_text(m: Mapping[str, Any]) -> str:

@@ -95,7 +95,7 @@ def verdict_of(diagnosis: Mapping[str, Any], verification: Mapping[str, Any] | N
         "bottleneck": {"kind": found[0]["kind"], "explains": f"{100 * found[0]['severity']:.0f}% of the step",
                        "message": found[0]["message"]} if found else None,
         "recommendation": {"settings": settings_text(top["set"]), "expected": text.expected_text(top),
-                           "command": top["command"],
+                           "command": text.to_try(top),
                            "verified": verified_text(figures_advice.verified(top, verification))
                            if verification else ""} if top else None,
     }
@@ -111,7 +111,7 @@ def run_tables(run: RunData, diagnosis: Mapping[str, Any], verification: Mapping
         "skipped": [[s["rule"], s["reason"]] for s in diagnosis.get("skipped") or []],
         "recommendations": [[settings_text(r["set"]), r.get("for", ""), text.expected_text(r),
                              verified_text(figures_advice.verified(r, verification)), r.get("risk", ""),
-                             r["command"]] for r in diagnosis.get("recommendations") or []],
+                             text.to_try(r)] for r in diagnosis.get("recommendations") or []],
         "verification": (f"Verified by rerunning: {verification.get('repeats')} repeat(s) of "
                          f"{verification.get('steps')} steps against baseline run(s) "
                          f"{', '.join(verification.get('baseline_runs') or [])}." if verification else ""),

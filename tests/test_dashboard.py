@@ -185,7 +185,7 @@ def test_recommend_page_shows_recommendations_sweeps_and_tunes(runs: Path, compl
     done = record(completed_run)
     at = page(runs, monkeypatch, "recommend", run=done["id"])
     recs = at.dataframe[0].value
-    assert list(recs["command"]) == [r["command"] for r in done["diagnosis"]["recommendations"]]
+    assert list(recs["to try"]) == [r["command"] for r in done["diagnosis"]["recommendations"]]
     assert "Not verified yet" in texts(at, "caption")
     assert at.button(key="verify").disabled is False
     assert at.selectbox(key="sweep").value == "sweep-1"

@@ -75,9 +75,10 @@ def test_each_example_makes_a_complete_run_that_matches_its_loop(example_runs, e
         {"torch": "TinyLM", "hf": "GPT2LMHeadModel", "lightning": "CountingLM"}[example])
     assert model["flops_per_token"] == 6 * model["num_params"] and 0 < summary["mfu"] < 1
     assert any("6N" in note for note in summary["notes"])
-    # the switches section is absent, not the reference trainer's defaults
+    # the switches section is absent, not the reference trainer's defaults; advice is in the framework's terms
     assert "switches" not in run.config and "switches_applied" not in run.record
-    assert run.record["diagnosis"]["recommendations"] == [] and "error" not in run.record["diagnosis"]
+    assert run.config["framework"]["name"] == example and "error" not in run.record["diagnosis"]
+    assert all(r["change"]["framework"] == example for r in run.record["diagnosis"]["recommendations"])
     code, out = glmperf("diagnose", str(run_dir), "--json", capsys=capsys)
     assert code == 0 and json.loads(out)["verdict"]
     code, out = glmperf("runs", "--runs-dir", str(run_dir.parent), "--json", capsys=capsys)

@@ -9,11 +9,12 @@ from datetime import datetime, timezone
 import streamlit as st
 
 from app import data, jobs, widgets
+from profiler import text
 from reports.report_run import run_tables
 from reports.report_sweep import BANNERS as SWEEP_BANNERS
 
 REFRESH_S = 2.0
-REC_HEADERS = ["change", "for", "expected", "verified", "risk", "command"]
+REC_HEADERS = ["change", "for", "expected", "verified", "risk", "to try"]
 CELL_HEADERS = ["cell", "settings", "status", "tokens/s (low to high)", "peak memory GiB (low to high)", "runs"]
 
 
@@ -40,6 +41,10 @@ def _verify(run_id: str) -> None:
         return
     tables = run_tables(run, view.diagnosis, view.verification)
     widgets.figures([f for f in view.figures if f[0] == "Recommendations"], key="recommend")
+    if run.source == "api":
+        widgets.table(tables["recommendations"], REC_HEADERS)
+        st.info(text.rerun_own(run.id))
+        return
     st.caption(tables["verification"] or "Not verified yet: start a verification below.")
     widgets.table(tables["recommendations"], REC_HEADERS)
 

@@ -1,5 +1,6 @@
-"""Run: one run's verdict, headline figures, recommendations with the commands that try them, the
-report's figures and tables, and downloads; a running run refreshes itself as its steps are flushed."""
+"""Run: one run's verdict, headline figures, recommendations with the commands that try them (for
+one's own training, the exact changes to make), the report's figures and tables, and downloads; a
+running run refreshes itself as its steps are flushed."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def _recommendations(view: data.RunView, run: RunData) -> None:
         st.markdown(f"**{settings_text(rec['set'])}** (for {rec.get('for', '')}; risk: {rec.get('risk', '')})  \n"
                     f"expected: {text.expected_text(rec)}  \n"
                     f"verified: {report_run.verified_text(verified(rec, view.verification))}")
-        st.code(rec["command"], language="bash")
+        st.code(text.to_try(rec), language="python" if "change" in rec else "bash")
     st.page_link("app_pages/recommend.py", label="Verify these by rerunning", query_params={"run": run.id})
 
 

@@ -1,5 +1,6 @@
 """A run's advice, the one entry point: its diagnosis, the changes that address it, and, when asked
-for, each change's expected gain measured by a probe on this machine instead of modelled.
+for, each change's expected gain measured by a probe on this machine instead of modelled. A run of
+one's own training gets its changes in its framework's terms (profiler.advice.framework), modelled.
 
     advise(run)                                   # modelled ranges: instant (profile-run's own end)
     advise(run, probes=ProbeBudget(total_s=120))  # measured where a probe can (glmperf recommend)
@@ -12,6 +13,7 @@ from typing import Any
 
 from profiler import store
 from profiler.advice.diagnose import diagnose
+from profiler.advice.framework import own_advice, own_training
 from profiler.advice.measured import ProbeBudget, probe_advice
 from profiler.advice.recommend import explore, recommend
 from profiler.analysis import RunData, analyze, stored
@@ -27,13 +29,16 @@ def advise(run: RunData, *, allow_model_changes: bool = False, top: int | None =
     bottleneck is then explored too: what a probe proves faster is advice even where no rule fired)."""
     figures = analyze(run)
     diagnosis = diagnose(figures)
-    if (explore_when_clear or probes is not None) and not diagnosis["bottlenecks"]:
+    own = own_training(run)  # its framework's changes, modelled: a probe builds the reference trainer
+    if own:
+        advice = own_advice(run, figures, diagnosis, allow_model_changes=allow_model_changes)
+    elif (explore_when_clear or probes is not None) and not diagnosis["bottlenecks"]:
         advice = {**explore(run, figures, allow_model_changes=allow_model_changes, probing=probes is not None),
                   "explored": True}
     else:
         advice = recommend(run, figures, diagnosis, allow_model_changes=allow_model_changes,
                            probing=probes is not None)
-    if probes is not None and advice["recommendations"]:
+    if probes is not None and advice["recommendations"] and not own:
         advice = probe_advice(run, {**diagnosis, **advice}, figures, probes, progress=progress)
     advice["recommendations"] = advice["recommendations"][:top] if top else advice["recommendations"]
     return {**diagnosis, **advice, "allow_model_changes": allow_model_changes, "figures": stored(figures)}

@@ -184,6 +184,38 @@ def _current(config: Mapping[str, Any]):
     return get
 
 
+def unmet(candidate: Candidate, caps: Mapping[Capability, tuple[bool, str]], allow_model_changes: bool
+          ) -> str | None:
+    """Why the run cannot take the candidate whatever its config says (a model change not asked for, a
+    capability it lacks), or None."""
+    if candidate.risk == "changes_model" and not allow_model_changes:
+        return "changes the model (listed with --allow-model-changes)"
+    missing = [f"{c} ({caps[c][1]})" for c in candidate.requires if c not in SOFT and not caps[c][0]]
+    return "needs " + ", ".join(missing) if missing else None
+
+
+def proposal(switch: str | None, candidate: Candidate, settings: Mapping[str, Any], kinds: Sequence[Bottleneck],
+             severity: Mapping[Bottleneck, float], exp: dict[str, Any],
+             caps: Mapping[Capability, tuple[bool, str]]) -> dict[str, Any]:
+    """A recommendation as every reader takes it (the catalog's, or one in a framework's terms): what it
+    sets, the bottleneck it is for, its score, expected range, risk and notes. A change without a
+    modelled range scores 0, for the most severe bottleneck it addresses."""
+    score, kind = score_of(kinds, severity, exp) if "tokens_per_s" in exp else \
+        (0.0, max(kinds, key=severity.__getitem__))
+    notes = [candidate.note] if candidate.note else []
+    soft = [f"{c}: {caps[c][1]}" for c in candidate.requires if c in SOFT and not caps[c][0]]
+    if soft:
+        notes.append("missing " + "; ".join(soft) + " (the gain may be smaller)")
+    return {"switch": switch, "set": dict(settings), "addresses": [str(k) for k in kinds], "for": str(kind),
+            "judged_by": judged_by(kind), "score": score, "expected": exp, "risk": candidate.risk, "notes": notes}
+
+
+def no_gain(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """The exclusion of a proposal whose expected gain is not positive."""
+    return {"switch": rec["switch"], "set": rec["set"], "reason": f"no expected gain on this run "
+                                                                  f"({rec['expected']['basis']})"}
+
+
 def command(run: RunData, settings: Mapping[str, Any]) -> str:
     """The profile-run line that reruns this run with the change."""
     args = ["profile-run", "--from-run", str(run.path)]
@@ -197,8 +229,8 @@ def command(run: RunData, settings: Mapping[str, Any]) -> str:
 def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, allow_model_changes: bool = False,
               top: int | None = None, probing: bool = False) -> dict[str, Any]:
     """{"recommendations": [...] ranked, "excluded": [{switch, set, reason}]} for a diagnosed run."""
-    if "switches" not in run.config:  # a user's own training (profiler.api): no switch of ours to flip
-        return {"recommendations": [], "excluded": [],
+    if "switches" not in run.config:  # no config of ours (an imported trace; a user's own training is advised
+        return {"recommendations": [], "excluded": [],  # in its framework's terms: profiler.advice.framework)
                 "not_recommended": f"the run's model is its own ({run.source} run): the switches are the reference "
                                    "trainer's, so the diagnosis stands without a switch to flip"}
     severity = severities(diagnosis)
@@ -218,23 +250,14 @@ def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, a
             if reason:
                 excluded.append({"switch": opt.name, "set": dict(settings), "reason": reason})
                 continue
-            exp = {**expected(candidate, figures), "source": "modelled"}
-            score, kind = score_of(kinds, severity, exp)
-            if score <= 0 and not probing:  # a probe measures what the model cannot see
-                excluded.append({"switch": opt.name, "set": dict(settings),
-                                 "reason": f"no expected gain on this run ({exp['basis']})"})
+            rec = proposal(opt.name, candidate, settings, kinds, severity,
+                           {**expected(candidate, figures), "source": "modelled"}, caps)
+            if rec["score"] <= 0 and not probing:  # a probe measures what the model cannot see
+                excluded.append(no_gain(rec))
                 continue
-            notes = [candidate.note] if candidate.note else []
             planned = _planned(planned_now, run, settings)
-            if planned:
-                notes.append(planned)
-            soft = [f"{c}: {caps[c][1]}" for c in candidate.requires if c in SOFT and not caps[c][0]]
-            if soft:
-                notes.append("missing " + "; ".join(soft) + " (the gain may be smaller)")
-            ranked.append({"switch": opt.name, "set": dict(settings), "addresses": [str(k) for k in kinds],
-                           "for": str(kind), "judged_by": judged_by(kind), "score": score, "expected": exp,
-                           "risk": candidate.risk,
-                           "notes": notes, "command": command(run, settings)})
+            rec["notes"] += [planned] if planned else []
+            ranked.append({**rec, "command": command(run, settings)})
     ranked.sort(key=lambda r: r["score"], reverse=True)
     return {"recommendations": ranked[:top] if top else ranked, "excluded": excluded}
 
@@ -260,11 +283,9 @@ def _exclusion(opt: Optimization, candidate: Candidate, cfg: Any, run: RunData,
         return ""
     if all(lookup(run.config, k) == value for k, value in settings.items()):
         return ""
-    if candidate.risk == "changes_model" and not allow_model_changes:
-        return "changes the model (listed with --allow-model-changes)"
-    missing = [f"{c} ({caps[c][1]})" for c in candidate.requires if c not in SOFT and not caps[c][0]]
-    if missing:
-        return "needs " + ", ".join(missing)
+    unfit = unmet(candidate, caps, allow_model_changes)
+    if unfit:
+        return unfit
     if run.on_cuda and not torch.cuda.is_available():
         return None  # the catalog's checks judge the run's own device, which this machine lacks
     try:

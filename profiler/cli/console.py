@@ -15,7 +15,7 @@ from profiler import store
 from profiler.analysis.comm import collectives_by_rank
 from profiler.metrics import METRIC_BY_NAME
 from profiler.settings import settings_text
-from profiler.text import expected_text, fmt, measured_text, moved_shares, summary_rows
+from profiler.text import expected_text, fmt, measured_text, moved_shares, summary_rows, to_try
 
 
 def print_table(rows: Iterable[tuple[str, str]], out: TextIO, *, title: str = "") -> None:
@@ -86,8 +86,17 @@ def print_diagnosis(run_id: str, advice: Mapping[str, Any], out: TextIO, *, evid
         print(f"  skipped {s['rule']}: {s['reason']}", file=out)
 
 
+def _print_block(label: str, text: str, out: TextIO) -> None:
+    """`label: text`, the text's further lines under its first (a change that is lines of code)."""
+    first, *more = text.splitlines() or [""]
+    print(f"{label}{first}", file=out)
+    for line in more:
+        print(f"{' ' * len(label)}{line}", file=out)
+
+
 def print_recommendations(run_id: str, advice: Mapping[str, Any], out: TextIO) -> None:
-    """The ranked switch changes, each with its expected gain, risk and the command that tries it."""
+    """The ranked changes, each with its expected gain, risk and the command that tries it (for one's own
+    training: the exact change to make)."""
     recs = advice["recommendations"]
     if not recs:
         why = advice.get("not_recommended") or ("nothing in the catalog addresses what was found here and can "
@@ -99,11 +108,14 @@ def print_recommendations(run_id: str, advice: Mapping[str, Any], out: TextIO) -
         print(f"     expected: {expected_text(r)}", file=out)
         for note in r["notes"]:
             print(f"     note: {note}", file=out)
-        print(f"     try: {r['command']}", file=out)
+        _print_block("     change: " if "change" in r else "     try: ", to_try(r), out)
     probes = advice.get("probes")
     if probes:
         print(f"  probes: {probes['measured']} measured in {probes['spent_s']:.0f} s, {probes['cached']} cached "
               f"(budget {probes['budget_s']:.0f} s)", file=out)
+    elif recs and advice.get("framework"):
+        print(f"  (ranges modelled from the catalog's switches: make a change, run your training again, then "
+              f"`glmperf compare {run_id} NEW_RUN`)", file=out)
     elif recs and all(r["expected"].get("source", "modelled") == "modelled" for r in recs):
         print(f"  (modelled ranges: `glmperf recommend {run_id}` measures them on this machine)", file=out)
     hidden = [e for e in advice.get("excluded", []) if e["reason"].startswith("changes the model")]
@@ -118,7 +130,7 @@ def print_advice_head(run_id: str, advice: Mapping[str, Any], out: TextIO) -> No
     print(f"diagnosis: {advice['verdict']}", file=out)
     if advice.get("recommendations"):
         top = advice["recommendations"][0]
-        print(f"try:       {top['command']}", file=out)
+        _print_block("try:       ", to_try(top), out)
         print(f"           expected: {expected_text(top)} (all: glmperf recommend {run_id})", file=out)
 
 

@@ -1,6 +1,8 @@
 """`glmperf recommend RUN`: the switch changes that address a run's bottlenecks, ranked by expected
-gain; with --verify, the top ones rerun interleaved with a fresh baseline and judged by their
-measured gain (exit 130 when interrupted, the verified part kept in the run's record)."""
+gain (for a run of one's own training, the same changes in its framework's terms); with --verify, the
+top ones rerun interleaved with a fresh baseline and judged by their measured gain (exit 130 when
+interrupted, the verified part kept in the run's record; refused for one's own training, which has
+no config of ours to rerun)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from profiler import store
+from profiler import store, text
 from profiler.cli import common
 from profiler.cli.diagnose import diagnosable
 
@@ -53,6 +55,8 @@ def main(args: argparse.Namespace) -> int:
 
     run = diagnosable(common.run_path(args))
     if args.verify:  # every refusal before any probe or run starts
+        if run.source == "api":
+            raise common.BadInput(text.rerun_own(run.id))
         if args.max_repeats is not None and args.max_repeats < args.repeats:
             raise common.BadInput(f"--max-repeats: got {args.max_repeats}; allowed: at least --repeats "
                                   f"({args.repeats})")

@@ -1,5 +1,6 @@
-"""What the framework callbacks share: the framework check, tokens from a batch, and the run a
-callback opens from its options (profiler.api.OPTIONS) and the framework's own facts."""
+"""What the framework callbacks share: the framework check, tokens from a batch, the timing of a
+loader's batches, and the run a callback opens from its options (profiler.api.OPTIONS) and the
+framework's own facts."""
 
 from __future__ import annotations
 
@@ -44,6 +45,39 @@ def batch_tokens(batch: Any) -> int:
                     "tokens_of=<function of the batch returning its input tokens> to the callback")
 
 
+class _Fetched:
+    """A loader's iterator whose every batch is fetched through `fetch(next_batch)`."""
+
+    def __init__(self, iterator: Any, fetch: Callable[[Callable[[], Any]], Any]) -> None:
+        self._iterator, self._fetch = iterator, fetch
+
+    def __iter__(self) -> _Fetched:
+        return self
+
+    def __next__(self) -> Any:
+        return self._fetch(lambda: next(self._iterator))
+
+    def __len__(self) -> int:
+        return len(self._iterator)
+
+    def __getattr__(self, name: str) -> Any:  # the loader's own calls on its iterator (`_reset`)
+        return getattr(self._iterator, name)
+
+
+def time_fetches(loader: Any, fetch: Callable[[Callable[[], Any]], Any]) -> Callable[[], None]:
+    """Have every batch of `loader` fetched through `fetch(next_batch)`, so that a callback times it as the
+    `data` phase (the framework fetches batches before any event of its own); returns what undoes it.
+
+    A torch DataLoader starts each iteration from its `_get_iterator` (inside accelerate's wrapper, its
+    `base_dataloader`, too): that one loader's is wrapped. A loader of another kind is left as it is."""
+    base = getattr(loader, "base_dataloader", loader)
+    make = getattr(base, "_get_iterator", None)
+    if not isinstance(base, torch.utils.data.DataLoader) or make is None:
+        return lambda: None
+    vars(base)["_get_iterator"] = lambda: _Fetched(make(), fetch)
+    return lambda: vars(base).pop("_get_iterator", None)
+
+
 class CallbackRun:
     """The run behind a callback: opened once the framework knows the model, ended once.
 
@@ -60,10 +94,12 @@ class CallbackRun:
         """The run most recently ended (its `dir`, `status` and `summary`)."""
         self._atexit = False
 
-    def open(self, *, defaults: Mapping[str, Any], rank: int | None = None, world_size: int | None = None
-             ) -> api.Run:
-        """Start the run with the user's options over the framework's `defaults` (name, config, model)."""
+    def open(self, *, defaults: Mapping[str, Any], framework: Mapping[str, Any], rank: int | None = None,
+             world_size: int | None = None) -> api.Run:
+        """Start the run with the user's options over the framework's `defaults` (name, config, model, amp);
+        `framework`: its name and the settings the advice checks (run.json config.framework)."""
         self.run = api.Run(**{**defaults, **self.options})
+        self.run.framework = dict(framework)
         if rank is not None and world_size is not None:
             self.run.rank, self.run.world_size = rank, world_size
         self.run.start()

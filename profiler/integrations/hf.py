@@ -1,32 +1,43 @@
 """glmperf for the Hugging Face Trainer: `Trainer(..., callbacks=[GlmperfCallback(name=..., runs_dir=...)])`.
 
 Takes api.run's keywords (profiler.api.OPTIONS; `config` defaults to the TrainingArguments, `model`
-to the Trainer's model, `name` to `run_name`) and `tokens_of`, a function of a batch giving its input
-tokens (default: the `input_ids` the model's forward receives). Importing this module imports
-nothing of transformers; the callback class is built on first use, with one clear error naming the
-`hf` extra when transformers is missing.
+to the Trainer's model, `name` to `run_name`, `amp` to their `bf16`/`fp16`) and `tokens_of`, a
+function of a batch giving its input tokens (default: the `input_ids` the model's forward receives).
+Importing this module imports nothing of transformers; the callback class is built on first use,
+with one clear error naming the `hf` extra when transformers is missing.
 
-What it measures, from the Trainer's own events and hooks on the model's forward:
+What it measures, from the Trainer's own events, hooks on the model's forward and the train
+dataloader's iterator:
 
-- a step is one optimizer step, `on_step_begin` to `on_step_end` (all its micro-batches);
+- a step is one optimizer step, from the fetch of its first batch (else `on_step_begin`) to
+  `on_step_end` (all its micro-batches);
+- `data`: fetching each batch from the train dataloader (the Trainer fetches a step's batches before
+  `on_step_begin`, so the callback times its dataloader's iterator);
 - `forward`: each forward of the model (its pre- and post-forward hooks); `backward`: from the end
   of a forward to the next forward or the optimizer (the loss's backward, and gradient clipping);
   `optimizer`: `on_pre_optimizer_step` to `on_step_end` (optimizer and scheduler step, zero_grad);
 - tokens: the `input_ids` of every forward in the step; the loss: the mean of the forwards' `loss`;
-- the data wait is not measured: the Trainer fetches a step's batches before `on_step_begin`;
 - under torchrun (DDP) each rank writes its part of one run; all-reduces are not counted (the
   Trainer wraps the model itself), so `comm` is "not measured".
 
-The run ends at `on_train_end`. An exception the Trainer raises skips that event: the run then ends
-when the interpreter exits, `failed` with the error (`interrupted` on Ctrl-C or SIGTERM); use the
-callback as a context manager (`with GlmperfCallback(...) as cb: trainer.train()`) to end it at once.
+The run records the TrainingArguments of SETTINGS (run.json config.framework), which the advice
+checks its changes against (profiler.advice.framework). The run ends at `on_train_end`. An exception
+the Trainer raises skips that event: the run then ends when the interpreter exits, `failed` with the
+error (`interrupted` on Ctrl-C or SIGTERM); use the callback as a context manager (`with
+GlmperfCallback(...) as cb: trainer.train()`) to end it at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from profiler.integrations.common import CallbackRun, TokensOf, batch_tokens, require
+from profiler.integrations.common import CallbackRun, TokensOf, batch_tokens, require, time_fetches
+
+SETTINGS = ("bf16", "fp16", "tf32", "torch_compile", "gradient_checkpointing", "dataloader_num_workers",
+            "dataloader_pin_memory", "optim", "gradient_accumulation_steps", "per_device_train_batch_size",
+            "ddp_bucket_cap_mb")
+"""The TrainingArguments a run records: those the advice's changes are made of."""
 
 
 def _build() -> type:
@@ -41,6 +52,8 @@ def _build() -> type:
             self._tokens_of = tokens_of
             self._handles: list[Any] = []
             self._losses: list[Any] = []
+            self._batch_size = 0
+            self._untime: Callable[[], None] = lambda: None
 
         @property
         def run(self) -> Any:
@@ -59,17 +72,24 @@ def _build() -> type:
             self._end(exc)
 
         # -- the Trainer's events -------------------------------------------------------------
-        def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-            defaults = {"name": args.run_name or "hf-trainer", "config": args.to_sanitized_dict(), "model": model}
-            self._run.open(defaults=defaults, rank=args.process_index, world_size=args.world_size)
+        def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
+                           train_dataloader: Any = None, **kwargs: Any) -> None:
+            amp = "bf16" if args.bf16 else "fp16" if args.fp16 else "off"
+            defaults = {"name": args.run_name or "hf-trainer", "config": args.to_sanitized_dict(), "model": model,
+                        "amp": amp}
+            framework = {"name": "hf", "settings": {k: getattr(args, k) for k in SETTINGS if hasattr(args, k)}}
+            self._run.open(defaults=defaults, framework=framework, rank=args.process_index,
+                           world_size=args.world_size)
+            self._batch_size = args.per_device_train_batch_size
             if model is not None:
                 self._handles = [model.register_forward_pre_hook(self._forward_start, with_kwargs=True),
                                  model.register_forward_hook(self._forward_end)]
+            if train_dataloader is not None:
+                self._untime = time_fetches(train_dataloader, self._fetch)
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            step = self.run.begin_step(tokens=0, batch_size=args.per_device_train_batch_size)
-            step.micro_batches = 0
-            self._losses = []
+            if self.run.current_step is None:  # else it began with the fetch of its batches
+                self._begin_step()
 
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None,
                                   **kwargs: Any) -> None:
@@ -86,7 +106,18 @@ def _build() -> type:
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self._end(None)
 
-        # -- hooks on the model's forward -----------------------------------------------------
+        # -- the train dataloader's fetches and the model's forward --------------------------------
+        def _fetch(self, next_batch: Callable[[], Any]) -> Any:
+            if self.run is None:
+                return next_batch()
+            if self.run.current_step is None:
+                self._begin_step()
+            self.run.switch_phase("data")
+            try:
+                return next_batch()
+            finally:
+                self.run.switch_phase(None)
+
         def _forward_start(self, module: Any, args: tuple, kwargs: dict) -> None:
             step = self.run.current_step if self.run is not None else None
             if step is None:
@@ -105,10 +136,17 @@ def _build() -> type:
             self.run.switch_phase("backward")
 
         # -- internals ------------------------------------------------------------------------
+        def _begin_step(self) -> None:
+            step = self.run.begin_step(tokens=0, batch_size=self._batch_size)
+            step.micro_batches = 0
+            self._losses = []
+
         def _end(self, error: BaseException | None) -> None:
             for handle in self._handles:
                 handle.remove()
             self._handles = []
+            self._untime()
+            self._untime = lambda: None
             self._run.close(error)
 
     return GlmperfCallback

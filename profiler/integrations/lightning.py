@@ -1,10 +1,10 @@
 """glmperf for Lightning: `L.Trainer(..., callbacks=[GlmperfCallback(name=..., runs_dir=...)])`.
 
 Takes api.run's keywords (profiler.api.OPTIONS; `config` defaults to the LightningModule's
-hyperparameters, `model` to the module, `name` to its class name) and `tokens_of`, a function of a
-batch giving its input tokens (default: the batch's `input_ids`, else its first tensor). Importing
-this module imports nothing of Lightning; the callback class is built on first use, with one clear
-error naming the `lightning` extra when Lightning is missing.
+hyperparameters, `model` to the module, `name` to its class name, `amp` to the Trainer's precision)
+and `tokens_of`, a function of a batch giving its input tokens (default: the batch's `input_ids`,
+else its first tensor). Importing this module imports nothing of Lightning; the callback class is
+built on first use, with one clear error naming the `lightning` extra when Lightning is missing.
 
 What it measures, from Lightning's hooks (automatic optimization):
 
@@ -18,13 +18,18 @@ What it measures, from Lightning's hooks (automatic optimization):
 - DDP: each rank writes its part of one run; Lightning's own ranks and world size are used, and
   the DDP model's gradient all-reduces are counted unless a comm hook of its own is registered.
 
-The run ends at `on_train_end`, or at `on_exception` (`failed` with the error, `interrupted` on
-Ctrl-C), with every step measured before it.
+The run records the Trainer's precision, accumulate_grad_batches and strategy, whether the module
+was compiled, its optimizer (class, fused) and the train DataLoader's num_workers, pin_memory and
+batch_size (run.json config.framework), which the advice checks its changes against
+(profiler.advice.framework). The run ends at `on_train_end`, or at `on_exception` (`failed` with the
+error, `interrupted` on Ctrl-C), with every step measured before it.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from profiler.integrations.common import CallbackRun, TokensOf, batch_tokens, require
 
@@ -53,9 +58,11 @@ def _build() -> type:
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             hparams = dict(pl_module.hparams) if getattr(pl_module, "hparams", None) else {}
+            settings = _settings(trainer, pl_module)
             defaults = {"name": type(pl_module).__name__, "config": hparams, "model": trainer.strategy.model,
-                        "device": pl_module.device}
-            self._run.open(defaults=defaults, rank=trainer.global_rank, world_size=trainer.world_size)
+                        "device": pl_module.device, "amp": AMP.get(settings["precision"].split("-")[0], "off")}
+            self._run.open(defaults=defaults, framework={"name": "lightning", "settings": settings},
+                           rank=trainer.global_rank, world_size=trainer.world_size)
 
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
             step = self.run.current_step
@@ -103,6 +110,25 @@ def _build() -> type:
             self._run.close(exception)
 
     return GlmperfCallback
+
+
+AMP = {"bf16": "bf16", "16": "fp16"}
+"""Lightning's precision (before its `-mixed`/`-true`) -> api.run's `amp`."""
+
+
+def _settings(trainer: Any, pl_module: Any) -> dict[str, Any]:
+    """What the advice checks its changes against: the Trainer's arguments, the module's compilation and
+    optimizer, and the train DataLoader's arguments where it is one loader."""
+    optimizer = trainer.optimizers[0] if trainer.optimizers else None
+    settings = {"precision": str(trainer.precision), "accumulate_grad_batches": trainer.accumulate_grad_batches,
+                "strategy": type(trainer.strategy).__name__,
+                "compile": getattr(pl_module, "_compiler_ctx", None) is not None}
+    if optimizer is not None:
+        settings.update(optimizer=type(optimizer).__name__, fused=bool(optimizer.defaults.get("fused")))
+    loader = trainer.train_dataloader
+    if isinstance(loader, torch.utils.data.DataLoader):
+        settings.update(num_workers=loader.num_workers, pin_memory=loader.pin_memory, batch_size=loader.batch_size)
+    return settings
 
 
 def _batch_size(batch: Any) -> int:
