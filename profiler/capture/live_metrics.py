@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from profiler import store
-from profiler.instruments.prometheus import Figures, MetricsServer, check_ports, local_rank, rank_port
+from profiler.instruments.prometheus import Figures, MetricsServer, check_ports, local_rank
 from profiler.settings import ProfileConfig
 
 
@@ -37,7 +37,7 @@ def serve(run_dir: Path, profile: ProfileConfig, *, rank: int, world_size: int,
     figures = Figures(labels, info)
     peak = (record.get("peak") or {}).get("flops")
     figures.peak_flops = float(peak) if isinstance(peak, int | float) else math.nan
-    return MetricsServer(figures, host=profile.metrics_host, port=rank_port(profile.metrics_port, local_rank(rank)))
+    return MetricsServer(figures, host=profile.metrics_host, port=profile.metrics_port + local_rank(rank))
 
 
 def model_flops(fields: dict[str, Any]) -> float | None:

@@ -66,16 +66,17 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(config=args.config, preset=args.preset, overrides=_overrides(args), nproc=args.nproc,
                           base=base)
         store.check_runs_dir(common.runs_dir(args))
-        from profiler.capture.live_metrics import check_metrics_ports
-
-        check_metrics_ports(cfg.profile, args.nproc)
     except common.BAD_INPUT as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return common.EXIT_BAD_INPUT
     from profiler.capture.run import Unfinished, profile_run
+    from profiler.instruments.prometheus import PortError
 
     try:
         run_dir = profile_run(cfg, runs_dir=args.runs_dir, nproc=args.nproc, progress=not args.no_progress)
+    except PortError as exc:  # refused before the run starts: nothing was created
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return common.EXIT_BAD_INPUT
     except Unfinished as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return common.EXIT_INTERRUPTED if exc.interrupted else common.EXIT_BAD_INPUT

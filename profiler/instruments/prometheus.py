@@ -221,10 +221,6 @@ class PortError(ConfigError):
     """A metrics port this job cannot serve on; the message is one line, said before training."""
 
 
-def rank_port(port: int, local_rank: int) -> int:
-    return port + local_rank
-
-
 def local_rank(rank: int) -> int:
     """The rank's index on its host (torchrun's LOCAL_RANK), which offsets its port."""
     return int(os.environ.get("LOCAL_RANK", rank))
