@@ -18,7 +18,7 @@ import pytest
 
 from profiler import store
 from profiler.advice.advise import advise
-from profiler.advice.measured import ProbeBudget, gain_from_probe
+from profiler.advice.measured import ProbeBudget, contention, gain_from_probe
 from profiler.advice.probes import Probe, Prober, keep
 from profiler.advice.spread import Spread, record, run_to_run
 from profiler.analysis import load_run
@@ -71,6 +71,21 @@ def test_communication_one_process_cannot_time_stays_modelled_and_widens_the_ran
     gain = gain_from_probe(probe, shares, comm_ratio=(0.25, 0.75))  # the catalog: comm shrinks by 25-75%
     assert gain["low"] == pytest.approx(100 * (1 / (0.5 + 0.5 * 0.75) - 1))
     assert gain["high"] == pytest.approx(100 * (1 / (0.5 + 0.5 * 0.25) - 1))
+
+
+def test_time_the_ranks_lost_beside_communication_may_stay_or_shrink_with_it() -> None:
+    # the ranks' forward took 2 ms for 1000 tokens where one process takes 1 us a token: half of it is
+    # time the ranks lost beside their communication
+    probe = _probe({"forward": 1e-6}, {"forward": 1e-6})
+    figures = {**_shares(forward=50, comm=50), "phase_ms.forward": Figure(2.0, "ms", "test"),
+               "phase_ms.comm": Figure(2.0, "ms", "test")}
+    assert contention(probe, figures, rank_tokens=1000) == pytest.approx(0.5)
+    assert contention(probe, {**figures, "phase_ms.forward": Figure(0.5, "ms", "test")}, rank_tokens=1000) == 0.0
+    gain = gain_from_probe(probe, figures, comm_ratio=(0.25, 0.25), contended=0.5)
+    # it stays: 25% + 25% + 50% x 0.25 of the step; it shrinks with the communication: 25% + 6.25% + 12.5%
+    assert gain["low"] == pytest.approx(100 * (1 / 0.625 - 1))
+    assert gain["high"] == pytest.approx(100 * (1 / 0.4375 - 1))
+    assert gain["low"] < gain["point"] < gain["high"]
 
 
 def test_a_range_leaves_room_for_the_machine_s_run_to_run_spread() -> None:

@@ -98,28 +98,46 @@ def _ratios(probe: Probe, rounds: Sequence[int], timed: Sequence[str]) -> dict[s
 
 
 def gain_from_probe(probe: Probe, figures: Figures, *, comm_ratio: tuple[float, float] = (1.0, 1.0),
-                    spread: float = 0.0) -> dict[str, float]:
+                    contended: float = 0.0, spread: float = 0.0) -> dict[str, float]:
     """The expected tokens/s change: {"point", "low", "high"} in %, the interval a bootstrap over rounds.
 
     `comm_ratio`: the (best, worst) ratio of the run's exposed communication as the catalog models it;
-    its spread widens the interval. `spread`: one fresh run's sigma of log(tokens/s) on this machine
-    (profiler.advice.spread); the interval becomes one for the user's next run against this one."""
+    its spread widens the interval. `contended`: the fraction of the run's other phases that its ranks
+    spent beyond what one process spends on them (`contention`); the change may leave that time as it
+    is or shrink it as much as the communication at best, and the range spans both. `spread`: one
+    fresh run's sigma of log(tokens/s) on this machine (profiler.advice.spread); the interval becomes
+    one for the user's next run against this one."""
     shares = _shares(figures)
+    busy = {p: s for p, s in shares.items() if p != "comm"}
+    shares = {**{p: s * (1 - contended) for p, s in busy.items()}, "comm": shares["comm"],
+              "contention": contended * sum(busy.values())}
     base_step = sum(sum(r.values()) for r in probe.base)
     timed = [p for p in PHASE_NAMES if p != "comm" and sum(r[p] for r in probe.base) >= MIN_PHASE * base_step]
     everything = list(range(probe.rounds))
 
-    def gain(rounds: Sequence[int], comm: float) -> float:
-        return _gain({**_ratios(probe, rounds, timed), "comm": comm}, shares)
+    def gain(rounds: Sequence[int], comm: float, contention: float) -> float:
+        return _gain({**_ratios(probe, rounds, timed), "comm": comm, "contention": contention}, shares)
 
     middle = statistics.mean(comm_ratio)
-    point = gain(everything, middle)
+    point = gain(everything, middle, (1 + comm_ratio[0]) / 2)
     rng = random.Random(0)
-    draws = sorted(gain([rng.randrange(probe.rounds) for _ in everything], middle) for _ in range(RESAMPLES))
+    draws = sorted(gain([rng.randrange(probe.rounds) for _ in everything], middle, (1 + comm_ratio[0]) / 2)
+                   for _ in range(RESAMPLES))
     tail = (1 - CONFIDENCE) / 2
     low, high = _widened(point, draws[int(tail * RESAMPLES)], draws[int((1 - tail) * RESAMPLES) - 1], spread)
-    return {"point": point, "low": low - (point - gain(everything, comm_ratio[1])),
-            "high": high + (gain(everything, comm_ratio[0]) - point)}
+    return {"point": point, "low": low - (point - gain(everything, comm_ratio[1], 1.0)),
+            "high": high + (gain(everything, comm_ratio[0], comm_ratio[0]) - point)}
+
+
+def contention(probe: Probe, figures: Figures, rank_tokens: float) -> float:
+    """The fraction of a multi-rank run's phases other than communication that its ranks spent beyond
+    what the probe's one process spends on them per token (0 when they spent no more): time the
+    ranks lost to what they share with communication (cores, memory bandwidth, waits for each other),
+    which one process cannot see."""
+    ms = [v(figures, f"phase_ms.{p}") for p in PHASE_NAMES if p != "comm"]
+    ran = sum(m for m in ms if math.isfinite(m)) / 1e3 / rank_tokens
+    one = statistics.median(sum(t for p, t in r.items() if p != "comm") for r in probe.base)
+    return min(0.9, max(0.0, 1 - one / ran)) if ran > 0 else 0.0
 
 
 RUNS_IN_A_PREDICTION = 3
@@ -161,16 +179,19 @@ def _comm(candidate: Candidate | None, figures: Figures) -> tuple[tuple[float, f
 
 
 def expected_from_probe(rec: Mapping[str, Any], probe: Probe, figures: Figures, *, was_cached: bool,
-                        spreads: Mapping[str, Spread | None] | None = None) -> dict[str, Any]:
+                        spreads: Mapping[str, Spread | None] | None = None, rank_tokens: float = 0.0
+                        ) -> dict[str, Any]:
     """A recommendation's `expected` from its probe: the modelled one's keys, `source` "measured", the
     probe's own figures, and `modelled_parts` for what stays modelled (communication; memory a probe of
     speed did not count). `spreads`: this machine's run-to-run spread by metric (profiler.advice.spread),
-    which widens each range to one for the user's next run; `run_to_run` says what was used."""
+    which widens each range to one for the user's next run; `run_to_run` says what was used.
+    `rank_tokens`: tokens one rank's step takes in the run, to compare its phases with the probe's."""
     modelled = rec["expected"]
     spreads = spreads or {}
     comm, modelled_comm = _comm(_candidate(rec), figures)
+    contended = contention(probe, figures, rank_tokens) if modelled_comm and rank_tokens > 0 else 0.0
     speed, held = spreads.get("tokens_per_s"), spreads.get("peak_memory")
-    tps = gain_from_probe(probe, figures, comm_ratio=comm, spread=speed.sigma if speed else 0.0)
+    tps = gain_from_probe(probe, figures, comm_ratio=comm, contended=contended, spread=speed.sigma if speed else 0.0)
     out: dict[str, Any] = {"tokens_per_s": {"low": tps["low"], "high": tps["high"], "point": tps["point"],
                                             "unit": "%", "confidence": CONFIDENCE}}
     parts = ["comm"] if modelled_comm else []
@@ -190,6 +211,9 @@ def expected_from_probe(rec: Mapping[str, Any], probe: Probe, figures: Figures, 
         parts.append("peak_memory")
     if modelled_comm:
         basis += "; exposed communication modelled (one process cannot measure it)"
+    if contended >= 0.05:
+        basis += (f"; the ranks' other phases took x{1 / (1 - contended):.2f} the time one process takes: "
+                  "that excess may stay or shrink with the communication")
     used = {m: s for m, s in spreads.items() if m == "tokens_per_s" or "peak_memory" not in parts}
     basis += _spread_text(used)
     out["run_to_run"] = {m: {"sigma_pct": round(100 * s.sigma, 2), "runs": s.runs} for m, s in used.items() if s}
@@ -208,6 +232,13 @@ def _spread_text(spreads: Mapping[str, Spread | None]) -> str:
                 "the range is the probe's alone")
     return "; widened for the next run against this one (this machine's run-to-run spread: " + ", ".join(
         f"{m} {100 * s.sigma:.1f}% over {s.runs} runs" for m, s in known.items()) + ")"
+
+
+def _rank_tokens(run: RunData) -> float:
+    """Tokens one rank's optimizer step takes (its micro-batches together); 0 where the config does not say."""
+    sizes = [lookup(run.config, k) for k in ("train.batch_size", "data.seq_len")]
+    accumulation = lookup(run.config, "switches.grad_accumulation.steps") or 1
+    return float(math.prod(sizes) * accumulation) if all(isinstance(n, int) for n in sizes) else 0.0
 
 
 def why_not_probed(rec: Mapping[str, Any], run: RunData) -> str | None:
@@ -291,7 +322,8 @@ def probe_advice(run: RunData, advice: Mapping[str, Any], figures: Figures, budg
             else:
                 reused += was_cached
                 spent, measured = spent + (0.0 if was_cached else found.cost_s), measured + (not was_cached)
-                rec["expected"] = expected_from_probe(rec, found, figures, was_cached=was_cached, spreads=spreads)
+                rec["expected"] = expected_from_probe(rec, found, figures, was_cached=was_cached, spreads=spreads,
+                                                      rank_tokens=_rank_tokens(run))
                 kinds = [Bottleneck[k.upper()] for k in rec["addresses"]]
                 rec["score"] = score_of(kinds, severity, rec["expected"])[0]
             refused = _refusal(rec, explored)
