@@ -70,6 +70,13 @@ class ProfileConfig(Section):
         self.check_range("metrics_port", lo=0, hi=65535)
 
 
+RERUN_OVERRIDES = "GLMPERF_OVERRIDES"
+"""Environment: the changes a rerun of one's own training asks the framework callback to apply, JSON
+{owner: {name: value}} (profiler.experiments.rerun, profiler.integrations)."""
+RERUN_RUN_FILE = "GLMPERF_RUN_FILE"
+"""Environment: a file the callback appends each run directory it opens to, so a rerun finds its run."""
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """`section.key=value` with a YAML scalar value (`true`, `3`, `[2, 1, 3]`, `bf16`)."""
     if "=" not in text:

@@ -81,10 +81,10 @@ def to_try(rec: Mapping[str, Any]) -> str:
 
 
 def rerun_own(run_id: str) -> str:
-    """Why a run of one's own training is not rerun to verify a change, and what to do instead."""
-    return (f"run {run_id} is your own training: a verification reruns the reference trainer's config, which "
-            f"it does not have; make a recommended change, run your training again, then compare the two runs: "
-            f"glmperf compare {run_id} NEW_RUN")
+    """How a run of one's own training is verified: by rerunning the command that trained it."""
+    return (f"run {run_id} is your own training: --verify reruns the command that trained it, as it is and with "
+            f"each change: glmperf recommend {run_id} --verify -- COMMAND (a Hugging Face or Lightning script with "
+            f"the glmperf callback); or make a change, run again, then: glmperf compare {run_id} NEW_RUN")
 
 
 def measured_text(m: Mapping[str, Any]) -> str:
@@ -93,8 +93,11 @@ def measured_text(m: Mapping[str, Any]) -> str:
         return f"stability events {sum(m['base'])} -> {sum(m['cand'])}"
     label = {"tokens_per_s": "tokens/s", "peak_memory": "peak memory"}.get(m["metric"], m["metric"])
     what = "reduction" if m["metric"] == "peak_memory" else "gain"
+    runs = f"{m['runs'][0]}+{m['runs'][1]} runs"
+    if not all(math.isfinite(float(m[k] if m[k] is not None else math.nan)) for k in ("low_pct", "high_pct")):
+        return f"{label} {what} {m['change_pct']:+.1f}% (no interval; {runs})"
     return (f"{label} {what} {m['change_pct']:+.1f}% [{m['low_pct']:+.1f}%, {m['high_pct']:+.1f}%] "
-            f"({100 * m['confidence']:.4g}% interval, {m['runs'][0]}+{m['runs'][1]} runs)")
+            f"({100 * m['confidence']:.4g}% interval, {runs})")
 
 
 SHARE_MOVE = 5.0

@@ -246,4 +246,4 @@ def test_verify_refuses_a_run_of_ones_own_training_in_one_line(hf_runs, capsys) 
     code = glmperf_main(["recommend", str(run.path), "--verify"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert f"run {run.id} is your own training" in err and f"glmperf compare {run.id} NEW_RUN" in err
+    assert f"run {run.id} is your own training" in err and f"glmperf recommend {run.id} --verify -- COMMAND" in err

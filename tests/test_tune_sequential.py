@@ -19,8 +19,9 @@ from profiler.compare.stats import confidence_text
 from profiler.config import load_config
 from profiler.experiments import tune as tune_module
 from profiler.experiments.batch import run_cells
+from profiler.experiments.sequential import Looks, Sequential
 from profiler.experiments.tune import Tuner, TuneSpec, combination, order
-from profiler.experiments.verify import CONFIDENCE, Looks, Sequential, trials_for
+from profiler.experiments.verify import CONFIDENCE, trials_for
 from profiler.text import measured_text
 from tests.conftest import TINY, glmperf, tiny_run
 

@@ -7,6 +7,7 @@ brackets) and are printed as they are. Names and units come from the metric regi
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
@@ -137,7 +138,9 @@ def print_advice_head(run_id: str, advice: Mapping[str, Any], out: TextIO) -> No
 def print_verification(run_id: str, verification: Mapping[str, Any], out: TextIO) -> None:
     """Each verified recommendation: verdict, measured gain with its interval next to the expected range."""
     state = "" if verification.get("complete", True) else " (stopped before the end: partial)"
-    print(f"verification of run {run_id}: {verification['repeats']} repeat(s) of {verification['steps']} steps, "
+    runs = f"{shlex.join(verification['command'])} as it is" if verification.get("command") else \
+        f"{verification['steps']} steps"
+    print(f"verification of run {run_id}: {verification['repeats']} repeat(s) of {runs}, "
           f"interleaved with a fresh baseline{state}", file=out)
     for r in verification["results"]:
         settings = settings_text(r["set"])

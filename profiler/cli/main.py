@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
 from profiler import plugins
@@ -59,6 +60,21 @@ def parser(table: dict[str, plugins.Command]) -> argparse.ArgumentParser:
     return p
 
 
+def _parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The arguments; what follows the first `--` is a command to run (`args.rerun`), for the commands that
+    take one (argparse cannot take a command's own options after a positional run)."""
+    rest: list[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, rest = argv[:at], argv[at + 1:]
+    args = p.parse_args(argv)
+    if rest and not hasattr(args, "rerun"):
+        raise common.BadInput(f"-- {shlex.join(rest)}: glmperf {args.command} runs no command")
+    if hasattr(args, "rerun"):
+        args.rerun = rest
+    return args
+
+
 EXIT_BROKEN_PIPE = 141
 """128 + SIGPIPE: what a shell reports for a command whose reader went away (`glmperf show X | head`)."""
 
@@ -67,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     """The glmperf command; returns its exit code."""
     table = commands()
     try:
-        args = parser(table).parse_args(argv)
+        args = _parse(parser(table), sys.argv[1:] if argv is None else argv)
         code = table[args.command].main(args)
         sys.stdout.flush()  # here, where a reader gone away is caught, not at the interpreter's exit
         return code

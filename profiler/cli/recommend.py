@@ -1,8 +1,8 @@
 """`glmperf recommend RUN`: the switch changes that address a run's bottlenecks, ranked by expected
 gain (for a run of one's own training, the same changes in its framework's terms); with --verify, the
 top ones rerun interleaved with a fresh baseline and judged by their measured gain (exit 130 when
-interrupted, the verified part kept in the run's record; refused for one's own training, which has
-no config of ours to rerun)."""
+interrupted, the verified part kept in the run's record). A run of one's own training is verified by
+rerunning the command that trained it (`--verify -- COMMAND`: profiler.experiments.rerun)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="measure each change's gain on this machine, side by side with the run's config, within "
                         "this many seconds in all (default 120; cached probes are free); 0: modelled ranges only")
     p.add_argument("--no-progress", action="store_true", help="no progress output (probes, --verify)")
+    p.set_defaults(rerun=[])  # `-- COMMAND` (profiler.cli.main): the command that trained a run of one's own
+    p.epilog = ("-- COMMAND: with --verify, on a run of your own Hugging Face or Lightning training: the command "
+                "that trained it, rerun as it is and with each change (the glmperf callback applies it)")
+    p.usage = "glmperf recommend RUN [options] [--verify [-- COMMAND ...]]"
 
 
 def _verify_steps(args: argparse.Namespace, run: RunData) -> int:
@@ -48,19 +52,35 @@ def _verify_steps(args: argparse.Namespace, run: RunData) -> int:
     return steps
 
 
+def _verify_command(args: argparse.Namespace, run: RunData, advice: dict) -> dict:
+    """--verify -- COMMAND: the user's command rerun as it is and with each change; a command that cannot
+    verify the advice (it fails, makes no run, or does not take a change) is bad input, in one line."""
+    from profiler.experiments.rerun import RerunError, verify_command
+
+    with common.bad_input_from(RerunError):
+        return verify_command(run, advice, args.rerun, top=args.top or 3, repeats=args.repeats,
+                              runs_dir=common.runs_dir(args), progress=not args.no_progress,
+                              max_repeats=args.max_repeats)
+
+
 def main(args: argparse.Namespace) -> int:
     from profiler.advice.advise import advise, keep_advice
     from profiler.advice.measured import ProbeBudget
     from profiler.cli import console
 
     run = diagnosable(common.run_path(args))
+    if args.rerun and not args.verify:
+        raise common.BadInput(f"-- {args.rerun[0]} ...: a command is rerun only with --verify")
     if args.verify:  # every refusal before any probe or run starts
-        if run.source == "api":
+        if run.source == "api" and not args.rerun:
             raise common.BadInput(text.rerun_own(run.id))
+        if run.source != "api" and args.rerun:
+            raise common.BadInput(f"-- {args.rerun[0]} ...: run {run.id} was made by profile-run, whose config "
+                                  "--verify reruns itself; a command is for a run of your own training")
         if args.max_repeats is not None and args.max_repeats < args.repeats:
             raise common.BadInput(f"--max-repeats: got {args.max_repeats}; allowed: at least --repeats "
                                   f"({args.repeats})")
-        steps = _verify_steps(args, run)
+        steps = _verify_steps(args, run) if not args.rerun else 0
     probes = ProbeBudget(total_s=args.probe_budget) if args.probe_budget > 0 else None
     advice = advise(run, allow_model_changes=args.allow_model_changes, top=args.top, probes=probes,
                     progress=None if args.no_progress or args.json else common.status_line)
@@ -76,10 +96,13 @@ def main(args: argparse.Namespace) -> int:
             console.print_recommendations(run.id, {**advice, "recommendations": advice["recommendations"][:args.top]},
                                           sys.stdout)
         try:
-            verification = run_verification(run, advice, top=args.top or 3, repeats=args.repeats, steps=steps,
-                                            runs_dir=common.runs_dir(args), progress=not args.no_progress,
-                                            max_repeats=args.max_repeats)
-        except BatchInterrupted:
+            if args.rerun:
+                verification = _verify_command(args, run, advice)
+            else:
+                verification = run_verification(run, advice, top=args.top or 3, repeats=args.repeats, steps=steps,
+                                                runs_dir=common.runs_dir(args), progress=not args.no_progress,
+                                                max_repeats=args.max_repeats)
+        except (BatchInterrupted, KeyboardInterrupt):
             verification = store.read_run(run.path)["diagnosis"]["verification"]
             console.print_verification(run.id, verification, sys.stdout)
             return common.EXIT_INTERRUPTED

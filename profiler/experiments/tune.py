@@ -5,7 +5,7 @@ yet (`order`; when the run has no bottleneck: the best change that makes compute
 `explore` ranks them), and verifies it against a fresh run of the current config
 (profiler.experiments.verify: interleaved repeats, compare's statistics). The verification starts
 with `repeats` runs a side and adds one more pair while its verdict is open, up to `max_repeats`
-(verify.Sequential: each look at a stricter confidence, Bonferroni over the looks, so looking
+(profiler.experiments.sequential: each look at a stricter confidence, Bonferroni over the looks, so looking
 repeatedly does not make a false confirmation likelier). It is adopted when confirmed and its runs'
 peak memory fits the budget; otherwise the round records why it was refused and the next
 recommendation is tried. The rounds stop when nothing untried is recommended, the next round would
@@ -38,7 +38,8 @@ from profiler.analysis import RunData, load_run, summary_of
 from profiler.config import RunConfig
 from profiler.experiments import records
 from profiler.experiments.batch import Cell, run_cells
-from profiler.experiments.verify import COMBINED, Sequential, trials_for, worst_risk
+from profiler.experiments.sequential import Sequential
+from profiler.experiments.verify import COMBINED, trials_for, worst_risk
 from profiler.settings import settings_text
 
 CONFIRMED = "confirmed"

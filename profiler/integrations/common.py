@@ -5,7 +5,10 @@ framework's own facts."""
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib
+import json
+import os
 import sys
 from collections.abc import Callable, Mapping
 from types import ModuleType
@@ -14,6 +17,8 @@ from typing import Any
 import torch
 
 from profiler import api
+from profiler.settings import RERUN_OVERRIDES as OVERRIDES
+from profiler.settings import RERUN_RUN_FILE as RUN_FILE
 
 TokensOf = Callable[[Any], int]
 
@@ -43,6 +48,35 @@ def batch_tokens(batch: Any) -> int:
                 return int(item.numel())
     raise TypeError(f"cannot count the tokens of a batch of type {type(batch).__name__}: pass "
                     "tokens_of=<function of the batch returning its input tokens> to the callback")
+
+
+def overrides(owner: str) -> dict[str, Any]:
+    """The settings of `owner` a rerun of `glmperf recommend RUN --verify -- COMMAND` asks this process to
+    take (profiler.experiments.rerun); {} in any other run."""
+    text = os.environ.get(OVERRIDES)
+    if not text:
+        return {}
+    try:
+        wanted = json.loads(text).get(owner) or {}
+    except (ValueError, AttributeError):
+        raise ValueError(f"{OVERRIDES}: got {text!r}; allowed: JSON {{owner: {{name: value}}}}") from None
+    return dict(wanted)
+
+
+def take_overrides(cls: type, method: str, apply: Callable[[Any, dict[str, Any]], dict[str, Any]],
+                   wanted: Mapping[str, Any]) -> None:
+    """Have `cls.method` take `wanted` first, once per process: `apply(instance, kwargs)` sets them and returns
+    the keyword arguments the original method then gets (see the Hugging Face and Lightning callbacks)."""
+    original = getattr(cls, method)
+    if not wanted or getattr(original, "__glmperf_overrides__", False):
+        return
+
+    @functools.wraps(original)
+    def taking(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(self, *args, **apply(self, {**kwargs, **wanted}))
+
+    taking.__glmperf_overrides__ = True  # type: ignore[attr-defined]
+    setattr(cls, method, taking)
 
 
 class _Fetched:
@@ -103,6 +137,10 @@ class CallbackRun:
         if rank is not None and world_size is not None:
             self.run.rank, self.run.world_size = rank, world_size
         self.run.start()
+        named = os.environ.get(RUN_FILE)
+        if named and self.run.dir is not None:  # a rerun's: which run this process made
+            with open(named, "a", encoding="utf-8") as f:
+                f.write(f"{self.run.dir}\n")
         if not self._atexit:
             atexit.register(self._at_exit)
             self._atexit = True

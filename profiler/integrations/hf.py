@@ -20,6 +20,9 @@ dataloader's iterator:
 - under torchrun (DDP) each rank writes its part of one run; all-reduces are not counted (the
   Trainer wraps the model itself), so `comm` is "not measured".
 
+Under `glmperf recommend RUN --verify -- COMMAND` (profiler.experiments.rerun), importing the callback
+has every TrainingArguments built afterwards take the change the rerun asks for.
+
 The run records the TrainingArguments of SETTINGS (run.json config.framework), which the advice
 checks its changes against (profiler.advice.framework). The run ends at `on_train_end`. An exception
 the Trainer raises skips that event: the run then ends when the interpreter exits, `failed` with the
@@ -32,7 +35,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from profiler.integrations.common import CallbackRun, TokensOf, batch_tokens, require, time_fetches
+from profiler.integrations.common import (
+    CallbackRun,
+    TokensOf,
+    batch_tokens,
+    overrides,
+    require,
+    take_overrides,
+    time_fetches,
+)
 
 SETTINGS = ("bf16", "fp16", "tf32", "torch_compile", "gradient_checkpointing", "dataloader_num_workers",
             "dataloader_pin_memory", "optim", "gradient_accumulation_steps", "per_device_train_batch_size",
@@ -40,9 +51,19 @@ SETTINGS = ("bf16", "fp16", "tf32", "torch_compile", "gradient_checkpointing", "
 """The TrainingArguments a run records: those the advice's changes are made of."""
 
 
+def _set(args: Any, wanted: dict[str, Any]) -> dict[str, Any]:
+    """TrainingArguments.__post_init__ taking a rerun's values before it derives anything from them."""
+    for name, value in wanted.items():
+        if not hasattr(args, name):
+            raise ValueError(f"TrainingArguments has no {name!r}: the rerun's change cannot be made here")
+        setattr(args, name, value)
+    return {}
+
+
 def _build() -> type:
     transformers = require("transformers", extra="hf", what="profiler.integrations.hf.GlmperfCallback")
     base: Any = transformers.TrainerCallback  # known once the framework is imported
+    take_overrides(transformers.TrainingArguments, "__post_init__", _set, overrides("TrainingArguments"))
 
     class GlmperfCallback(base):
         """Measures a Trainer's training as a glmperf run (see the module docstring)."""

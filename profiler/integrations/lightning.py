@@ -18,6 +18,10 @@ What it measures, from Lightning's hooks (automatic optimization):
 - DDP: each rank writes its part of one run; Lightning's own ranks and world size are used, and
   the DDP model's gradient all-reduces are counted unless a comm hook of its own is registered.
 
+Under `glmperf recommend RUN --verify -- COMMAND` (profiler.experiments.rerun), importing the callback
+has every Trainer built afterwards take the arguments the rerun asks for (precision,
+accumulate_grad_batches).
+
 The run records the Trainer's precision, accumulate_grad_batches and strategy, whether the module
 was compiled, its optimizer (class, fused) and the train DataLoader's num_workers, pin_memory and
 batch_size (run.json config.framework), which the advice checks its changes against
@@ -31,12 +35,13 @@ from typing import Any
 
 import torch
 
-from profiler.integrations.common import CallbackRun, TokensOf, batch_tokens, require
+from profiler.integrations.common import CallbackRun, TokensOf, batch_tokens, overrides, require, take_overrides
 
 
 def _build() -> type:
     pl = require("lightning.pytorch", extra="lightning", what="profiler.integrations.lightning.GlmperfCallback")
     base: Any = pl.Callback  # known once the framework is imported
+    take_overrides(pl.Trainer, "__init__", lambda trainer, kwargs: kwargs, overrides("L.Trainer"))
 
     class GlmperfCallback(base):
         """Measures a Lightning Trainer's fit as a glmperf run (see the module docstring)."""
