@@ -53,6 +53,9 @@ class ProfileConfig(Section):
     metrics_port: int = 0
     """Serve live Prometheus metrics while the job runs on this port (rank r: the port + its local
     rank); 0 serves none. docs/monitoring.md."""
+    probe_budget_s: float = 10.0
+    """One's own training (the Hugging Face callback): seconds at the train end to measure the advice's
+    changes on the model and a batch of the run (profiler.capture.own_probe); 0: none."""
     metrics_host: str = "0.0.0.0"
     """The address the metrics are served on: every interface, so that the cluster's Prometheus can
     scrape the job; 127.0.0.1 keeps them on this host."""
@@ -68,6 +71,7 @@ class ProfileConfig(Section):
         self.check_range("warmup_steps", lo=0, hi=10**9)
         self.check_range("flush_interval_s", lo=0.05, hi=3600.0)
         self.check_range("metrics_port", lo=0, hi=65535)
+        self.check_range("probe_budget_s", lo=0.0, hi=3600.0)
 
 
 RERUN_OVERRIDES = "GLMPERF_OVERRIDES"

@@ -1,8 +1,10 @@
 """A user's Hugging Face Trainer script, as tests/test_rerun.py reruns it: a small GPT-2 from a config, a
 dataset that may read slowly, the glmperf callback.
 
-    python tests/hf_script.py --runs-dir RUNS [--steps N] [--read-ms MS] [--args-first]
+    python tests/hf_script.py --runs-dir RUNS [--steps N] [--read-ms MS] [--width N] [--args-first]
 
+`--width` is the model's hidden size (64; 512 makes matmuls large enough for bf16 to pay on a CPU
+with native bf16).
 `--args-first` builds the TrainingArguments before the callback is imported: a script shape a rerun
 cannot change (it must be refused, not measured unchanged).
 """
@@ -41,6 +43,7 @@ def main() -> None:
     parser.add_argument("--runs-dir", required=True)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--read-ms", type=float, default=0.0)
+    parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--args-first", action="store_true")
     args = parser.parse_args()
 
@@ -56,7 +59,7 @@ def main() -> None:
         from profiler.integrations.hf import GlmperfCallback
 
         torch.manual_seed(0)
-        model = GPT2LMHeadModel(GPT2Config(**MODEL))
+        model = GPT2LMHeadModel(GPT2Config(**{**MODEL, "n_embd": args.width, "n_head": max(4, args.width // 64)}))
         data = Counting((args.steps + 2) * BATCH, args.read_ms / 1e3)
         with GlmperfCallback(name="own-hf-script", runs_dir=args.runs_dir, profile=PROFILE) as glmperf:
             Trainer(model=model, args=made or training(), train_dataset=data, callbacks=[glmperf]).train()

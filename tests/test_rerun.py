@@ -1,5 +1,7 @@
 """Advice on one's own training proved by rerunning the command that trained it: a real Hugging Face
-Trainer script (tests/hf_script.py) whose dataset reads slowly is advised loader workers, and
+Trainer script (tests/hf_script.py) run in fp32 on a CPU with native bf16 is advised `bf16=True` with a
+range measured on its own model at its train end, and the rerun confirms it; one whose dataset reads
+slowly is advised loader workers, and
 `glmperf recommend RUN --verify -- python tests/hf_script.py ...` reruns it as it is and with the
 change, which the callback applies without an edit to the script, and confirms the gain. A command that
 cannot verify the advice gets one line and exit 2: a script that builds its arguments before importing
@@ -15,11 +17,14 @@ from pathlib import Path
 import pytest
 
 from profiler import store
+from profiler.analysis.environment import NATIVE_BF16_FLAGS
 from profiler.experiments.rerun import overrides_of
+from profiler.instruments.machine import cpu_flags
 from tests.conftest import ROOT, glmperf
 
 pytest.importorskip("transformers")
 
+NATIVE = bool(NATIVE_BF16_FLAGS & set(cpu_flags()))
 SCRIPT = [sys.executable, str(ROOT / "tests" / "hf_script.py")]
 READ_MS = "40"
 """Each sample's read: 160 ms a batch against a few ms of compute, so two workers pay on any machine."""
@@ -128,3 +133,29 @@ def test_the_lightning_callback_has_the_trainer_take_a_rerun_s_arguments(tmp_pat
     record = store.read_run(Path(made))
     assert record["config"]["framework"]["settings"]["accumulate_grad_batches"] == 2
     assert set(store.read_table(Path(made), "steps")["micro_batches"]) == {2}  # two batches a step: it took
+
+
+@pytest.mark.skipif(not NATIVE, reason="this CPU has no native bf16: bf16 is never advised here")
+def test_an_fp32_script_is_advised_bf16_measured_on_its_model_and_the_rerun_confirms_it(tmp_path: Path) -> None:
+    import subprocess
+
+    script = [*SCRIPT, "--runs-dir", str(tmp_path), "--width", "512", "--steps", "14"]
+    subprocess.run(script, check=True, capture_output=True, timeout=300)
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    (probe,) = store.read_run(run)["own_probes"]  # measured at the train end, on the model and a batch of it
+    assert probe["change"] == {"switches.amp.dtype": "bf16"}
+    code, out, err = _glmperf("recommend", str(run), "--probe-budget", "0", "--top", "1", "--json")
+    (top,) = json.loads(out)["recommendations"]
+    assert top["set"] == {"TrainingArguments.bf16": True} and top["change"]["text"] == \
+        "TrainingArguments(..., bf16=True)"
+    expected = top["expected"]
+    assert expected["source"] == "measured" and expected["basis"].startswith("on your model and a batch of this run")
+    assert expected["tokens_per_s"]["low"] > 10
+    code, out, err = _glmperf("recommend", str(run), "--probe-budget", "0", "--top", "1", "--verify", "--repeats",
+                              "2", "--max-repeats", "4", "--", *script)
+    assert code == 0, err
+    (result,) = store.read_run(run)["diagnosis"]["verification"]["results"]
+    assert result["verdict"] == "confirmed", result["reason"]  # loss parity held: not changes_numerics
+    measured = result["measured"]
+    assert measured["low_pct"] < expected["tokens_per_s"]["high"] and \
+        measured["high_pct"] > expected["tokens_per_s"]["low"]  # the measured interval meets the expected one

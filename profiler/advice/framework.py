@@ -8,9 +8,11 @@ of one's own training records what trained it and the settings this advice check
 `config.framework`). They are read as the catalog's state (`Framework.state`), and each catalog
 candidate for a bottleneck found is judged against that state as profiler.advice.recommend judges a
 profile-run config: whether it applies, whether the run has it already, what it requires, and its
-expected range, the catalog's `expected` over this run's breakdown (so modelled, as the catalog's ranges
-are). A proposed change is then said in the framework's terms (`Framework.terms`) and shown as the exact
-change to make (`change.text`); one the framework has no setting for is excluded, saying so. A few
+expected range: measured where the callback probed the change on the model and a batch of the run at its
+train end (run.json `own_probes`: profiler.capture.own_probe), through this run's breakdown as for a
+profile-run run; else the catalog's `expected` over this run's breakdown (modelled). A proposed change
+is then said in the framework's terms (`Framework.terms`) and shown as the exact change to make
+(`change.text`); one the framework has no setting for is excluded, saying so. A few
 changes have no catalog switch (TF32 matmuls, DDP's bucket size): they are listed for their bottleneck
 without a number (`EXTRAS`).
 """
@@ -25,7 +27,10 @@ from typing import Any
 from optimizers import REGISTRY, Candidate, ConfigError, Optimization
 from optimizers.config import build_section
 from optimizers.vocabulary import Bottleneck, Capability
+from profiler.advice.measured import expected_from_probe
+from profiler.advice.probes import Probe
 from profiler.advice.recommend import capabilities, expected, no_gain, proposal, severities, unmet
+from profiler.advice.spread import run_to_run
 from profiler.analysis import RunData
 from profiler.analysis.figures import Figures
 from profiler.settings import settings_text
@@ -233,6 +238,19 @@ def _measured(run: RunData) -> dict[str, Any]:
     return out
 
 
+def _stored_probes(stored: Any) -> dict[str, Probe]:
+    """The changes the callback measured on the model at the train end (run.json `own_probes`: profiler.
+    capture.own_probe), by their catalog change; one that does not read as a probe is passed by."""
+    out = {}
+    for data in stored if isinstance(stored, list) else []:
+        try:
+            probe = Probe(**data)
+            out[json.dumps(dict(probe.change), sort_keys=True)] = probe
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
 @dataclass
 class _Judge:
     """One run's framework, settings and figures, against which each change is judged."""
@@ -252,6 +270,7 @@ class _Judge:
         self.device = str(self.run.device).split(":")[0]
         self.ranked: list[dict[str, Any]] = []
         self.excluded: list[dict[str, Any]] = []
+        self.probes = _stored_probes(self.run.record.get("own_probes"))
 
     def say(self, settings: Mapping[str, Any]) -> dict[str, Any] | None:
         """The catalog change in the framework's terms, less what the run has already (None: no equivalent)."""
@@ -304,6 +323,12 @@ class _Judge:
             return None  # the framework's settings have it already
         exp = expected(candidate, self.figures)
         exp.update(source="modelled", basis=f"modelled as the catalog's {settings_text(settings)}: {exp['basis']}")
+        probe = self.probes.get(json.dumps(dict(settings), sort_keys=True))
+        if probe is not None:
+            exp = expected_from_probe({"switch": opt.name, "set": settings, "expected": exp}, probe, self.figures,
+                                      was_cached=False, spreads={"tokens_per_s": run_to_run("tokens_per_s",
+                                                                                            self.run.device)})
+            exp["basis"] = f"on your model and a batch of this run, at its train end: {exp['basis']}"
         rec = proposal(opt.name, candidate, said, kinds, self.severity, exp, self.caps)
         if rec["score"] <= 0:
             return self.exclude(opt.name, settings, no_gain(rec)["reason"])

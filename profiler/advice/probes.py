@@ -197,7 +197,7 @@ def per_token(row: Mapping[str, Any]) -> dict[str, float]:
     return {name: float(row[f"{name}_s"]) / tokens for name in PHASE_NAMES}
 
 
-def _interval_width(ratios: list[float]) -> float:
+def interval_width(ratios: list[float]) -> float:
     """The 90% interval of the median ratio (order statistics), relative to the median."""
     ordered = sorted(ratios)
     n = len(ordered)
@@ -270,7 +270,7 @@ class Prober:
             probe.cand.append(per_token(rows[id(cand)]))
             if probe.rounds < MIN_ROUNDS:
                 continue
-            if _interval_width(probe.step_ratios()) < width:
+            if interval_width(probe.step_ratios()) < width:
                 stopped = f"the step ratio's 90% interval is within {width:.0%}"
                 break
             spent = time.perf_counter() - started

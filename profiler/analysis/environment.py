@@ -40,12 +40,16 @@ SATURATED = 95.0
 contention; below it a core sat idle)."""
 
 
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+"""CPU flags of bf16 matmul hardware (without one, torch emulates bf16 matmuls, many times slower)."""
+
+
 def _native_bf16(env: Mapping[str, Any]) -> float:
     if str(env.get("device", "cpu")).startswith("cuda"):
         capability = env.get("cuda_capability")
         return float(float(capability) >= 8.0) if capability else math.nan
     flags = env.get("cpu_flags")
-    return float(bool({"avx512_bf16", "amx_bf16"} & set(flags))) if flags is not None else math.nan
+    return float(bool(NATIVE_BF16_FLAGS & set(flags))) if flags is not None else math.nan
 
 
 def _speedups(run: RunData) -> Figures:

@@ -115,8 +115,8 @@ def print_recommendations(run_id: str, advice: Mapping[str, Any], out: TextIO) -
         print(f"  probes: {probes['measured']} measured in {probes['spent_s']:.0f} s, {probes['cached']} cached "
               f"(budget {probes['budget_s']:.0f} s)", file=out)
     elif recs and advice.get("framework"):
-        print(f"  (ranges modelled from the catalog's switches: make a change, run your training again, then "
-              f"`glmperf compare {run_id} NEW_RUN`)", file=out)
+        print(f"  (verify them: `glmperf recommend {run_id} --verify -- COMMAND` reruns the command that trained it "
+              f"with each change)", file=out)
     elif recs and all(r["expected"].get("source", "modelled") == "modelled" for r in recs):
         print(f"  (modelled ranges: `glmperf recommend {run_id}` measures them on this machine)", file=out)
     hidden = [e for e in advice.get("excluded", []) if e["reason"].startswith("changes the model")]

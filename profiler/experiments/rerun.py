@@ -148,7 +148,8 @@ def verify_command(run: RunData, advice: Mapping[str, Any], argv: Sequence[str],
     """Rerun `argv` as it is and with each of the `top` recommendations, store the verdicts in the run (also
     when Ctrl-C stops it) and return them (`judge_trials`' shape, with the command)."""
     trials = command_trials(run, advice["recommendations"][:top], repeats=repeats)
-    seq = Sequential(trials, most=max_repeats, budget_gib=run.memory_budget_gb or None, more=more_cells)
+    seq = Sequential(trials, most=max_repeats, budget_gib=run.memory_budget_gb or None, more=more_cells,
+                     keep_spread=False)  # a script's runs vary with its own start-up and data, not only the machine
     try:
         seq.run(execute(argv, runs_dir=runs_dir, progress=progress))
     finally:

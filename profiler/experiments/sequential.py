@@ -61,13 +61,16 @@ class Sequential:
     until every candidate is decided, `most` repeats ran, or `may_add` refuses. A candidate's result
     is frozen at its last look: `repeats` (its runs) and `stopped` (one of STOPS) are added to it.
 
+    Every verification's repeated runs are kept as this machine's run-to-run spread (profiler.advice.spread)
+    unless `keep_spread` is False (a user's own command, whose runs vary with its own start-up and data).
+
         seq = Sequential(trials, most=6)
         verification = seq.run(lambda cells: run_cells(cells, runs_dir=...))
     """
 
     def __init__(self, trials: Trials, *, most: int | None = None, budget_gib: float | None = None,
-                 more: MoreCells = repeat_cells) -> None:
-        self.trials, self.budget_gib, self.more = trials, budget_gib, more
+                 more: MoreCells = repeat_cells, keep_spread: bool = True) -> None:
+        self.trials, self.budget_gib, self.more, self.keep_spread = trials, budget_gib, more, keep_spread
         self.looks = Looks(trials.repeats, trials.repeats if most is None else most)
         self.done: list[tuple[Any, Any]] = []
         """Every (cell, run directory) so far, in the order they ran."""
@@ -83,7 +86,8 @@ class Sequential:
         try:
             self._until_decided(execute, may_add)
         finally:
-            record_runs(self.runs().values())  # what the repeated runs showed of this machine's spread
+            if self.keep_spread:
+                record_runs(self.runs().values())  # what the repeated runs showed of this machine's spread
         return self.verification()
 
     def _until_decided(self, execute: Execute, may_add: Callable[[int], bool] | None) -> None:

@@ -23,6 +23,10 @@ dataloader's iterator:
 Under `glmperf recommend RUN --verify -- COMMAND` (profiler.experiments.rerun), importing the callback
 has every TrainingArguments built afterwards take the change the rerun asks for.
 
+At the train end, the callback measures the advice's autocast change on the model and the first
+training batch (profiler.capture.own_probe; `profile={"probe_budget_s": 0}` turns it off), so the
+advice's range for it is measured on this model.
+
 The run records the TrainingArguments of SETTINGS (run.json config.framework), which the advice
 checks its changes against (profiler.advice.framework). The run ends at `on_train_end`. An exception
 the Trainer raises skips that event: the run then ends when the interpreter exits, `failed` with the
@@ -75,6 +79,7 @@ def _build() -> type:
             self._losses: list[Any] = []
             self._batch_size = 0
             self._untime: Callable[[], None] = lambda: None
+            self._kept: dict[str, Any] | None = None  # the first training batch: what the probes measure on
 
         @property
         def run(self) -> Any:
@@ -124,7 +129,11 @@ def _build() -> type:
                 self.run.current_step.loss = sum(self._losses) / len(self._losses)
             self.run.end_step()
 
-        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+            if model is not None and self._kept is not None and args.process_index == 0:
+                kept = self._kept
+                amp = "bf16" if args.bf16 else "fp16" if args.fp16 else "off"
+                self._run.probe(model, lambda: model(**kept).loss, tokens=batch_tokens(kept), amp=amp)
             self._end(None)
 
         # -- the train dataloader's fetches and the model's forward --------------------------------
@@ -144,6 +153,8 @@ def _build() -> type:
             if step is None:
                 return  # evaluation or prediction: not a training step
             batch = kwargs if "input_ids" in kwargs else args
+            if self._kept is None and isinstance(batch, dict):
+                self._kept = dict(batch)
             step.tokens += self._tokens_of(batch) if self._tokens_of is not None else batch_tokens(batch)
             step.micro_batches += 1
             self.run.switch_phase("forward")
@@ -168,6 +179,7 @@ def _build() -> type:
             self._handles = []
             self._untime()
             self._untime = lambda: None
+            self._kept = None
             self._run.close(error)
 
     return GlmperfCallback
