@@ -22,6 +22,10 @@ Under `glmperf recommend RUN --verify -- COMMAND` (profiler.experiments.rerun), 
 has every Trainer built afterwards take the arguments the rerun asks for (precision,
 accumulate_grad_batches).
 
+At the train end, the callback measures the advice's autocast change on the module and the first
+training batch through `training_step` (profiler.capture.own_probe; `profile={"probe_budget_s": 0}`
+turns it off).
+
 The run records the Trainer's precision, accumulate_grad_batches and strategy, whether the module
 was compiled, its optimizer (class, fused) and the train DataLoader's num_workers, pin_memory and
 batch_size (run.json config.framework), which the advice checks its changes against
@@ -50,6 +54,7 @@ def _build() -> type:
             self._run = CallbackRun(options)
             self._tokens_of = tokens_of or batch_tokens
             self._losses: list[Any] = []
+            self._kept: Any = None
 
         @property
         def run(self) -> Any:
@@ -74,6 +79,8 @@ def _build() -> type:
             if step is None:
                 step = self.run.begin_step(tokens=0)
                 step.micro_batches, self._losses = 0, []
+            if self._kept is None:
+                self._kept = batch  # what the probes measure on at the train end
             step.tokens += int(self._tokens_of(batch))
             step.micro_batches += 1
             step.batch_size = _batch_size(batch)
@@ -107,6 +114,11 @@ def _build() -> type:
             self.run.end_step()
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            if self._kept is not None and trainer.global_rank == 0:
+                kept, amp = self._kept, AMP.get(str(trainer.precision).split("-")[0], "off")
+                self._run.probe(pl_module, lambda: _loss(pl_module.training_step(kept, 0)),
+                                tokens=int(self._tokens_of(kept)), amp=amp)
+            self._kept = None
             self._run.close(None)
 
         def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
@@ -134,6 +146,11 @@ def _settings(trainer: Any, pl_module: Any) -> dict[str, Any]:
     if isinstance(loader, torch.utils.data.DataLoader):
         settings.update(num_workers=loader.num_workers, pin_memory=loader.pin_memory, batch_size=loader.batch_size)
     return settings
+
+
+def _loss(output: Any) -> Any:
+    """training_step's loss: the output itself, or its `loss`."""
+    return output["loss"] if isinstance(output, dict) else output
 
 
 def _batch_size(batch: Any) -> int:
