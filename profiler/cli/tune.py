@@ -2,6 +2,10 @@
 
     glmperf tune --preset small [--steps S] [--memory-budget-gb G] [--time-budget-min M]
                  [--repeats N] [--max-repeats M] [--allow-model-changes] [--output FILE]
+    glmperf tune [--repeats N] [--max-repeats M] [--time-budget-min M] -- python train.py ...
+
+The second form tunes one's own Hugging Face or Lightning training by rerunning its command with each
+change (profiler.experiments.tune_command).
 
 Exit 0 with a tuned config within the budget (possibly the starting one, when nothing confirmed);
 1 when the tuned config still exceeds the memory budget; 2 on bad input; 130 on Ctrl-C (the rounds
@@ -30,7 +34,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Diagnose a run of the config, verify the top recommendation against a fresh run, adopt it "
                     "when confirmed and within the memory budget, and repeat until nothing left confirms.",
         epilog="example: glmperf tune --preset small --steps 30 --memory-budget-gb 4")
-    start = p.add_mutually_exclusive_group(required=True)
+    p.set_defaults(rerun=[])  # `-- COMMAND` (profiler.cli.main): one's own training, tuned by rerunning it
+    p.usage = "glmperf tune (--preset NAME | --config FILE | -- COMMAND ...) [options]"
+    p.epilog += ("; -- COMMAND: your own Hugging Face or Lightning training with the glmperf callback, tuned by "
+                 "rerunning the command with each change (docs/own-training.md)")
+    start = p.add_mutually_exclusive_group()
     common.add_preset(start, f"shipped config: {', '.join(shipped_presets())}")
     common.add_config(start, "YAML config file to start from")
     common.add_set(p, "override one value of the starting config (repeatable)")
@@ -66,7 +74,7 @@ def _gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f} GiB"
 
 
-def _print(record: Mapping[str, Any], tuned_path: Path, out: TextIO) -> None:
+def _print(record: Mapping[str, Any], tuned_path: Path | None, out: TextIO) -> None:
     tuned = record.get("tuned") or {}
     took = tuned.get("tuning_s", record.get("elapsed_s", 0))
     print(f"tune {record['id']}: {len(record['rounds'])} round(s), {tuned.get('runs', 0)} run(s), {took:.0f} s; "
@@ -79,13 +87,41 @@ def _print(record: Mapping[str, Any], tuned_path: Path, out: TextIO) -> None:
             how = STOPPED.get(str((e.get("result") or {}).get("stopped")), "")
             print(f"     {e['repeats']} run(s) a side; {how}", file=out)
     settings = (record.get("tuned") or {}).get("settings") or {}
-    adopted = settings_text(settings) or "nothing (the starting config stays)"
+    adopted = settings_text(settings) or ("nothing (the starting config stays)" if tuned_path else
+                                          "nothing (the command stays as it is)")
     print(f"adopted: {adopted}", file=out)
     start, end = record["tuned"]["start"], record["tuned"]["end"]
     print(f"tokens/s: {start['tokens_per_s']:,.0f} (run {start['run']}) -> {end['tokens_per_s']:,.0f} "
           f"(run {end['run']}); peak memory {_gib(start['peak_memory_gib'])} -> {_gib(end['peak_memory_gib'])}",
           file=out)
-    print(f"tuned config: {tuned_path}  (profile-run --config {tuned_path})", file=out)
+    if tuned_path is not None:
+        print(f"tuned config: {tuned_path}  (profile-run --config {tuned_path})", file=out)
+    elif tuned.get("change"):
+        print("the change to make:\n" + "\n".join(f"  {line}" for line in tuned["change"].splitlines()), file=out)
+
+
+def _tune_command(args: argparse.Namespace) -> int:
+    """tune -- COMMAND: one's own training tuned by rerunning its command."""
+    from profiler.experiments.rerun import RerunError
+    from profiler.experiments.tune_command import CommandTuner
+
+    runs_dir = common.runs_dir(args)
+    store.check_runs_dir(runs_dir)
+    tuner = CommandTuner(args.rerun, runs_dir=runs_dir, repeats=args.repeats,
+                         most=args.max_repeats or max(DEFAULT_MAX_REPEATS, args.repeats), max_rounds=args.max_rounds,
+                         time_budget_s=60 * args.time_budget_min if args.time_budget_min else None,
+                         allow_model_changes=args.allow_model_changes, progress=not args.no_progress)
+    try:
+        with common.bad_input_from(RerunError):
+            record = tuner.run()
+    except KeyboardInterrupt:
+        print(f"tune interrupted: the record of the rounds done is {tuner.dir / 'tune.json'}", file=sys.stderr)
+        return common.EXIT_INTERRUPTED
+    if args.json:
+        common.print_json(record)
+    else:
+        _print(record, None, sys.stdout)
+    return common.EXIT_OK
 
 
 def main(args: argparse.Namespace) -> int:
@@ -95,6 +131,16 @@ def main(args: argparse.Namespace) -> int:
 
     if args.max_repeats is not None and args.max_repeats < args.repeats:
         raise common.BadInput(f"--max-repeats: got {args.max_repeats}; allowed: at least --repeats ({args.repeats})")
+    if bool(args.rerun) + bool(args.preset) + bool(args.config) != 1:
+        raise common.BadInput("what to tune: got " + (", ".join(
+            n for n, v in (("--preset", args.preset), ("--config", args.config), ("-- COMMAND", args.rerun)) if v)
+            or "nothing") + "; allowed: exactly one of --preset NAME, --config FILE, -- COMMAND")
+    if args.rerun:
+        unused = [o for o, v in (("--set", args.overrides), ("--steps", args.steps), ("--output", args.output),
+                                 ("--memory-budget-gb", args.memory_budget_gb)) if v]
+        if unused:
+            raise common.BadInput(f"{', '.join(unused)}: not for -- COMMAND, whose own arguments decide its runs")
+        return _tune_command(args)
     overrides = list(args.overrides) + ([f"train.steps={args.steps}"] if args.steps else [])
     if args.memory_budget_gb:
         overrides.append(f"profile.memory_budget_gb={args.memory_budget_gb}")

@@ -32,6 +32,8 @@ from profiler.experiments.verify import Trial, Trials, store_verification
 from profiler.settings import RERUN_OVERRIDES as OVERRIDES
 from profiler.settings import RERUN_RUN_FILE as RUN_FILE
 
+Overrides = Mapping[str, Mapping[str, Any]]
+"""Settings by owner: {"TrainingArguments": {"bf16": True}}."""
 TAKES = {"hf": ("TrainingArguments",), "lightning": ("L.Trainer",)}
 """What the callback of each framework can change before the framework reads it."""
 TAIL = 8
@@ -64,9 +66,11 @@ def overrides_of(framework: str, settings: Mapping[str, Any]) -> dict[str, dict[
     return out
 
 
-def command_trials(run: RunData, recommendations: Sequence[Mapping[str, Any]], *, repeats: int) -> Trials:
+def command_trials(run: RunData, recommendations: Sequence[Mapping[str, Any]], *, repeats: int,
+                   base: Overrides | None = None, links: Mapping[str, Any] | None = None) -> Trials:
     """The baseline and each recommendation a rerun can make, their interleaved cells; the others refused
-    with why. Raises RerunError when the run's framework takes none."""
+    with why. `base`: overrides every side runs with (the changes a tuning adopted); `links`: more run.json
+    links for every run. Raises RerunError when the run's framework takes none."""
     framework = str((run.config.get("framework") or {}).get("name") or "torch")
     if framework not in TAKES:
         raise RerunError(f"run {run.id} is a plain training loop: its changes are code, which a rerun cannot make; "
@@ -80,18 +84,33 @@ def command_trials(run: RunData, recommendations: Sequence[Mapping[str, Any]], *
             trials.append(Trial(str(rec["switch"]), {**rec, "overrides": made}, None))
     if len(trials) == 1:
         raise RerunError("no recommendation is a setting a rerun can pass: " + "; ".join(r["reason"] for r in refused))
-    cells = tuple(c for r in range(repeats) for c in command_cells(trials, run.id, r, repeats))
+    cells = tuple(c for r in range(repeats) for c in command_cells(trials, run.id, r, repeats, base or {}, links))
     return Trials(run.id, tuple(trials), tuple(refused), cells, repeats, steps=0)
 
 
-def command_cells(trials: Sequence[Trial], verified: str, repeat: int, of: int) -> list[CommandCell]:
-    return [CommandCell(f"{t.label} (repeat {repeat + 1}/{of})", (t.recommendation or {}).get("overrides", {}),
-                        {"verifies": {"run": verified, "trial": t.label, "repeat": repeat}}) for t in trials]
+def merged(*overrides: Overrides) -> dict[str, dict[str, Any]]:
+    """Overrides by owner, later ones winning name by name."""
+    out: dict[str, dict[str, Any]] = {}
+    for each in overrides:
+        for owner, values in each.items():
+            out.setdefault(owner, {}).update(values)
+    return out
 
 
-def more_cells(trials: Trials, repeat: int, labels: Sequence[str], *, of: int) -> tuple[CommandCell, ...]:
-    """Sequential's cells of one more repeat of the trials named in `labels`."""
-    return tuple(command_cells([t for t in trials.trials if t.label in labels], trials.verified, repeat, of))
+def command_cells(trials: Sequence[Trial], verified: str, repeat: int, of: int, base: Overrides,
+                  links: Mapping[str, Any] | None = None) -> list[CommandCell]:
+    return [CommandCell(f"{t.label} (repeat {repeat + 1}/{of})",
+                        merged(base, (t.recommendation or {}).get("overrides", {})),
+                        {"verifies": {"run": verified, "trial": t.label, "repeat": repeat}, **(links or {})})
+            for t in trials]
+
+
+def more_cells(trials: Trials, repeat: int, labels: Sequence[str], *, of: int, base: Overrides | None = None,
+               links: Mapping[str, Any] | None = None) -> tuple[CommandCell, ...]:
+    """Sequential's cells of one more repeat of the trials named in `labels` (with functools.partial: the
+    base overrides and extra links of a tuning's round)."""
+    return tuple(command_cells([t for t in trials.trials if t.label in labels], trials.verified, repeat, of,
+                               base or {}, links))
 
 
 def _tail(text: str) -> str:

@@ -147,7 +147,7 @@ def _peak_gib(runs: Sequence[RunData]) -> float | None:
     return max(peaks) if peaks else None
 
 
-def _figures(run: RunData) -> dict[str, Any]:
+def run_figures(run: RunData) -> dict[str, Any]:
     """The run's throughput and peak memory, as the tuned record states them."""
     return {"run": run.id, "tokens_per_s": summary_of(run).get("tokens_per_s"), "peak_memory_gib": _peak_gib([run])}
 
@@ -290,7 +290,7 @@ class Tuner:
                 current, newest = self._together(len(self.record["rounds"]) + 1, together, current, newest, first,
                                                  adopted)
         tuned = {"settings": {k: v for s in adopted for k, v in records.canonical(s).items()},
-                 "config": current.to_dict(), "start": _figures(first), "end": _figures(newest),
+                 "config": current.to_dict(), "start": run_figures(first), "end": run_figures(newest),
                  "tuning_s": round(time.perf_counter() - self.started, 1), "runs": len(self.cell_s)}
         self._save(status="completed", stopped=stopped, tuned=tuned)
         return self.record
