@@ -8,8 +8,8 @@ A job of `--ranks` ranks is made in a temporary directory by tiling a real trace
 in a fresh process of its own (`profiler.capture.import_traces`: every analysis, the parquet tables,
 run.json and the diagnosis), the ways in turn, `--rounds` times: one process (`--workers 1`),
 `--workers N` processes, and a Dask LocalCluster of N processes (`--scheduler local`). Each reports
-its wall time (imports and the cluster's start included) and peak resident memory (ru_maxrss) of
-the importing process and of its largest worker process.
+its wall time (imports and the cluster's start included) and peak resident memory: the importing
+process's (ru_maxrss) and its largest worker process's (VmHWM, polled every 50 ms).
 """
 
 from __future__ import annotations
@@ -56,15 +56,35 @@ WAYS = {"one process (--workers 1)": {"workers": 1}, "processes (--workers N)": 
         "Dask LocalCluster (--scheduler local --workers N)": {"scheduler": "local"}}
 
 
+WATCH = """
+import os, threading, psutil
+PEAKS = {}
+def watch():
+    # every 50 ms, each descendant's peak RSS so far (VmHWM): its workers are the forkserver's children,
+    # or the Dask nannies', so ru_maxrss of this process's children would not see them
+    me = psutil.Process()
+    while True:
+        for child in me.children(recursive=True):
+            try:
+                with open(f"/proc/{child.pid}/status") as fh:
+                    hwm = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
+            except (OSError, StopIteration):
+                continue
+            PEAKS[child.pid] = max(PEAKS.get(child.pid, 0), hwm)
+        time.sleep(0.05)
+threading.Thread(target=watch, daemon=True).start()
+"""
+
+
 def measure(trace_dir: Path, runs: Path, options: dict[str, Any]) -> dict[str, float]:
     """Import `trace_dir` in a fresh process with `options`: wall time, and peak RSS of it and of its largest
-    worker process (its children, which are all waited for by then)."""
-    code = ("import resource, time, json\nfrom pathlib import Path\nt = time.perf_counter()\n"
-            "from profiler.capture.import_traces import import_traces\n"
+    descendant process (a worker)."""
+    code = ("import resource, time, json\nfrom pathlib import Path\nt = time.perf_counter()\n" + WATCH
+            + "from profiler.capture.import_traces import import_traces\n"
             f"import_traces(Path({str(trace_dir)!r}), runs_dir=Path({str(runs)!r}), **{options!r})\n"
             "print(json.dumps({'s': time.perf_counter() - t, "
             "'parent': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "
-            "'worker': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))")
+            "'worker': max(PEAKS.values(), default=0)}))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
