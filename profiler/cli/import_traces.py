@@ -1,7 +1,8 @@
 """`glmperf import TRACE_DIR`: existing torch.profiler traces (one chrome JSON per rank) as a run.
 
 Exit codes: 0 imported (some rank files may have failed: each is named on stderr), 2 bad input
-(no directory, no trace, or none readable) with one `glmperf: error: ...` line.
+(no directory, no trace, or none readable; --workers under 1, a --scheduler that cannot be used) with
+one `glmperf: error: ...` line, before any file is read.
 """
 
 from __future__ import annotations
@@ -24,8 +25,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("trace_dir", type=Path, metavar="TRACE_DIR", help="directory of the traces (e.g. the one "
                    "tensorboard_trace_handler wrote), or one trace file")
     p.add_argument("--name", help="run name (default: the directory's name, or the file's without .json[.gz])")
+    p.add_argument("--workers", type=common.positive_int, metavar="N", help="processes reading the rank files at "
+                   "once, one trace each at a time (default: one per CPU, at most one per file; 1: this process "
+                   "alone); with --scheduler local, the Dask workers")
+    p.add_argument("--scheduler", type=_scheduler, metavar="ADDRESS|local", help="read the files on a Dask "
+                   "cluster: the address of its scheduler (tcp://HOST:PORT; its workers need glmperf installed), or "
+                   "`local` for a LocalCluster of --workers processes here (needs Dask: pip install "
+                   "'dask[distributed]>=2024.1')")
+    p.add_argument("--no-progress", action="store_true", help="no line per rank file read")
     common.add_runs_dir(p)
     common.add_json(p, "print the run's id, path, summary and diagnosis as JSON")
+
+
+def _scheduler(text: str) -> str:
+    """--scheduler: `local`, or an address (`tcp://HOST:PORT`, `HOST:PORT`); whether one answers there is
+    checked when the import starts."""
+    from profiler.traces.parallel import LOCAL
+
+    if text != LOCAL and "://" not in text and not text.rpartition(":")[2].isdigit():
+        raise argparse.ArgumentTypeError(f"got {text}; allowed: {LOCAL}, or a Dask scheduler's address "
+                                         "(tcp://HOST:PORT)")
+    return text
 
 
 def main(args: argparse.Namespace) -> int:
@@ -33,10 +53,12 @@ def main(args: argparse.Namespace) -> int:
     from profiler.capture.import_traces import import_traces
     from profiler.cli import console
     from profiler.traces import ImportFailed
+    from profiler.traces.parallel import LOCAL, SchedulerError
 
     store.check_runs_dir(common.runs_dir(args))
-    with common.bad_input_from(ImportFailed):
-        imported = import_traces(args.trace_dir, name=args.name, runs_dir=args.runs_dir)
+    with common.bad_input_from(ImportFailed, SchedulerError):
+        imported = import_traces(args.trace_dir, name=args.name, runs_dir=args.runs_dir, workers=args.workers,
+                                 scheduler=args.scheduler, progress=None if args.no_progress else common.status_line)
     for failure in imported.failed:
         print(f"glmperf: warning: left out {failure['error']}", file=sys.stderr)
     run = load_run(imported.run_dir)
@@ -45,7 +67,11 @@ def main(args: argparse.Namespace) -> int:
         common.print_json({"id": run.id, "path": str(run.path), "source": run.source, "failed": imported.failed,
                            "summary": summary, "diagnosis": diagnosis})
         return common.EXIT_OK
-    print(f"imported {len(imported.ranks)} rank(s) from {args.trace_dir} as run {run.id}")
+    workers, scheduler = imported.read["workers"], imported.read["scheduler"]
+    where = {"processes": "one process" if workers == 1 else f"{workers} worker processes",
+             LOCAL: f"a Dask LocalCluster of {workers} worker processes"}.get(
+        scheduler, f"{workers} workers of the Dask scheduler at {scheduler}")
+    print(f"imported {len(imported.ranks)} rank(s) from {args.trace_dir} as run {run.id} (read by {where})")
     for rank, files in imported.sessions.items():
         print(f"rank {rank}: {len(files)} profiling sessions of one worker, read as one rank "
               f"({', '.join(Path(f).name for f in files)})")

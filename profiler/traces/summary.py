@@ -1,14 +1,18 @@
 """A set of torch.profiler traces (one chrome JSON per rank) read and analyzed into summary.trace and table rows.
 
 Each file is read once (profiler.traces.reader) and analyzed at once, then dropped, so memory is
-one trace's columns at a time however many ranks there are. A file that cannot be read is named in
+one trace's columns at a time per worker however many ranks there are; several workers (processes, or
+a Dask cluster: profiler.traces.parallel) read several files at once, and their parts are merged in
+file order, as one process reading them in turn would. A file that cannot be read is named in
 `failed`; the others are analyzed. `glmperf import` (profiler.capture.import_traces) makes a run of
 the result, and a run profile-run measured gets its GPU figures from its own traces the same way.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from profiler import store
-from profiler.traces import collectives, comm_overlap, idle, kernel_types, launches, ranks, sessions, temporal
+from profiler.traces import collectives, comm_overlap, idle, kernel_types, launches, parallel, ranks, sessions, temporal
 from profiler.traces.kernels import kernel_rows
 from profiler.traces.ops import op_rows
 from profiler.traces.reader import Trace, TraceError, read_trace
@@ -85,6 +89,8 @@ class Analyzed:
     failed: list[dict[str, str]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     """The top-level fields of the first trace read (distributedInfo, deviceProperties, ...)."""
+    read: dict[str, Any] = field(default_factory=dict)
+    """How the files were read: `workers` and `scheduler` (profiler.traces.parallel.Pool.how)."""
 
     def table(self, name: str) -> pd.DataFrame:
         frames = self.tables[name]
@@ -96,38 +102,81 @@ class Analyzed:
                 **ranks.analyze(self.table("steps"), self.per_rank)}
 
 
-def analyze_traces(files: list[Path], timing: Timing = EXACT) -> Analyzed:
-    """Read and analyze each file in turn (one trace in memory at a time); `timing`: how the GPU figures read
-    event times (`hta` only to compare with HTA's own figures). A worker's profiling sessions make one rank
+@dataclass
+class Part:
+    """One file read and analyzed on its own (in a worker process, perhaps): the rank it says (None: it says
+    none, and its tables' `rank` is -1 until the merge names it), its figures, tables and top-level fields,
+    or why it could not be read."""
+
+    path: Path
+    rank: int | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    def as_rank(self, rank: int) -> dict[str, pd.DataFrame]:
+        """The tables with their rows' `rank` the one the merge gave the file."""
+        return {name: df if df.empty or rank == self.rank else df.assign(rank=rank) for name, df in self.tables.items()}
+
+
+def read_part(path: Path, timing: Timing = EXACT) -> Part:
+    """Read and analyze one file, holding its trace only here: what each worker does for each file."""
+    try:
+        trace = read_trace(path)
+    except TraceError as exc:
+        return Part(path, error=str(exc))
+    rank = rank_of(trace)
+    figures, tables = analyze_rank(trace, -1 if rank is None else rank, timing)
+    return Part(path, rank, figures, tables, trace.meta)
+
+
+def analyze_traces(files: list[Path], timing: Timing = EXACT, *, workers: int = 1, scheduler: str | None = None,
+                   progress: Callable[[str], None] | None = None) -> Analyzed:
+    """Read and analyze each file (one trace in memory at a time per worker), then merge them in file order;
+    `timing`: how the GPU figures read event times (`hta` only to compare with HTA's own figures). The files
+    are read in this process for one worker and no scheduler, else as profiler.traces.parallel says; of
+    several, each one done is told to `progress`. A worker's profiling sessions make one rank
     (profiler.traces.sessions)."""
-    out = Analyzed(timing=timing)
+    parts: list[Part | None] = [None] * len(files)
+    with parallel.pool(min(workers, max(1, len(files))), scheduler) as where:
+        for done, (i, part) in enumerate(where.completed(functools.partial(read_part, timing=timing), files), 1):
+            parts[i] = part
+            if progress and len(files) > 1:
+                what = f"left out {part.path.name}" if part.error else \
+                    f"read {part.path.name if part.rank is None else f'rank {part.rank}'}"
+                progress(f"{what} ({done} of {len(files)})")
+    return _merged([p for p in parts if p is not None], timing, where.how)
+
+
+def _merged(parts: list[Part], timing: Timing, how: dict[str, Any]) -> Analyzed:
+    """The files' parts as one set, in file order: each file's rank named (its own, another session's of its
+    worker, else the next unnamed number), a rank seen again and a file with nothing to analyze left out."""
+    out = Analyzed(timing=timing, read=how)
     unnamed = 0
     read: dict[int, list[sessions.Session]] = {}
-    for path in files:
-        try:
-            trace = read_trace(path)
-        except TraceError as exc:
-            out.failed.append({"file": str(path), "error": str(exc)})
+    for part in parts:
+        path = part.path
+        if part.error is not None:
+            out.failed.append({"file": str(path), "error": part.error})
             continue
         earlier = sessions.worker_rank(path, out.paths)
-        rank = rank_of(trace) if earlier is None else earlier
+        rank = part.rank if earlier is None else earlier
         if rank is None:
             rank, unnamed = unnamed, unnamed + 1
         if rank in out.paths and earlier is None:
             out.failed.append({"file": str(path), "error": f"{path}: rank {rank} again (also in "
                                                              f"{out.paths[rank].name})"})
             continue
-        figures, rows = analyze_rank(trace, rank, timing)
-        if not figures["steps"] and "temporal" not in figures:
+        if not part.figures["steps"] and "temporal" not in part.figures:
             out.failed.append({"file": str(path), "error": f"{path}: no ProfilerStep#N spans and no GPU events: "
                                                              "nothing to analyze"})
             continue
         out.paths.setdefault(rank, path)
-        out.meta = out.meta or trace.meta
-        read.setdefault(rank, []).append((path, figures, rows))
-        del trace
-    for rank, parts in read.items():
-        out.per_rank[rank], rows = sessions.combine(parts)
+        out.meta = out.meta or part.meta
+        read.setdefault(rank, []).append((path, part.figures, part.as_rank(rank)))
+    for rank, rank_parts in read.items():
+        out.per_rank[rank], rows = sessions.combine(rank_parts)
         for table, df in rows.items():
             if not df.empty:
                 out.tables[table].append(df)
