@@ -171,7 +171,11 @@ def verify_command(run: RunData, advice: Mapping[str, Any], argv: Sequence[str],
                      keep_spread=False)  # a script's runs vary with its own start-up and data, not only the machine
     try:
         seq.run(execute(argv, runs_dir=runs_dir, progress=progress))
-    finally:
-        verification = {**seq.verification(), "command": list(argv)}
-        store_verification(run.path, verification, advice)
+    except RerunError:
+        raise  # the command cannot verify the advice: what the run stored of an earlier verification stays
+    except BaseException:
+        store_verification(run.path, {**seq.verification(), "command": list(argv)}, advice)  # Ctrl-C: what ran
+        raise
+    verification = {**seq.verification(), "command": list(argv)}
+    store_verification(run.path, verification, advice)
     return verification
