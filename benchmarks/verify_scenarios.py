@@ -28,7 +28,7 @@ from profiler.advice.measured import ProbeBudget
 from profiler.analysis import load_run
 from profiler.config import load_config
 from profiler.experiments.batch import Cell, run_cells
-from profiler.experiments.verify import run_verification
+from profiler.experiments.sequential import run_verification
 
 
 def _expected(rec: dict[str, Any]) -> tuple[float, float] | None:

@@ -148,3 +148,35 @@ def test_the_lightning_callback_has_the_trainer_take_a_rerun_s_arguments(tmp_pat
     record = store.read_run(Path(made))
     assert record["config"]["framework"]["settings"]["accumulate_grad_batches"] == 2
     assert set(store.read_table(Path(made), "steps")["micro_batches"]) == {2}  # two batches a step: it took
+
+
+def test_tune_reruns_the_command_and_adopts_what_it_confirms(tmp_path: Path) -> None:
+    # a 64-wide model whose every batch waits 160 ms for its reads: advised loader workers first
+    script = [*SCRIPT, "--runs-dir", str(tmp_path), "--steps", "14", "--read-ms", "40"]
+    code, out, err = _glmperf("tune", "--runs-dir", str(tmp_path), "--repeats", "2", "--max-repeats", "3",
+                              "--max-rounds", "1", "--no-progress", "--json", "--", *script)
+    assert code == 0, err
+    record = json.loads(out)
+    (round_,) = record["rounds"]
+    assert round_["tried"] == {"TrainingArguments.dataloader_num_workers": 2}
+    for rerun in round_["result"]["runs"]:  # each changed run took the change through the callback
+        assert store.read_run(tmp_path / rerun)["config"]["framework"]["settings"]["dataloader_num_workers"] == 2
+    # adopted when its verification confirmed it (a short run's loader prefetch makes it noisy on a busy
+    # machine; tests/test_rerun's verification asserts the confirmation itself), and then it is the tuned change
+    adopted = round_["result"]["verdict"] == "confirmed"
+    assert round_["decision"] == ("adopted" if adopted else "refused"), round_["why"]
+    tuned = record["tuned"]
+    assert tuned["overrides"] == ({"TrainingArguments": {"dataloader_num_workers": 2}} if adopted else {})
+    assert tuned["change"] == ("TrainingArguments(..., dataloader_num_workers=2)" if adopted else "")
+    assert (tmp_path / "tunes" / record["id"] / "tune.json").exists()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--preset", "tiny", "--", "python"], "allowed: exactly one of --preset NAME, --config FILE, -- COMMAND"),
+    ([], "what to tune: got nothing"),
+    (["--steps", "20", "--", "python"], "--steps: not for -- COMMAND"),
+])
+def test_tune_takes_one_thing_to_tune(tmp_path: Path, args: list[str], says: str) -> None:
+    code, out, err = _glmperf("tune", "--runs-dir", str(tmp_path), *args)
+    assert code == 2 and err.count("\n") == 1 and says in err, err
+    assert not (tmp_path / "tunes").exists()

@@ -89,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
     verification = run.verification
     if args.verify:
         from profiler.experiments.batch import BatchInterrupted
-        from profiler.experiments.verify import run_verification
+        from profiler.experiments.sequential import run_verification
 
         if not args.json:
             console.print_diagnosis(run.id, advice, sys.stdout, evidence=False)

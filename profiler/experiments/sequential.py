@@ -1,4 +1,5 @@
-"""Sequential testing: a verification that adds repeats while a verdict is open.
+"""Running a verification: `Sequential` adds repeats while a verdict is open; `run_verification` runs
+a profile-run run's (`glmperf recommend RUN --verify`), profiler.experiments.rerun a command's.
 
 Sequential testing (`Sequential`): a verification may start with few repeats and add one more
 interleaved repeat of the baseline and each undecided candidate until the verdict is decided or
@@ -21,7 +22,7 @@ from typing import Any
 
 from profiler.advice.spread import record_runs
 from profiler.analysis import RunData, load_run
-from profiler.experiments.verify import CONFIDENCE, Trial, Trials, judge, repeat_cells
+from profiler.experiments.verify import CONFIDENCE, Trial, Trials, judge, repeat_cells, store_verification, trials_for
 
 Execute = Callable[[Sequence[Any]], Iterable[tuple[Any, Any]]]
 """Runs cells and yields each with its stored run directory (`batch.run_cells`, or a caller's wrapper of it)."""
@@ -152,3 +153,18 @@ class Sequential:
                                "confidence": self.looks.confidence, "per_look": self.looks.per_look}}
 
 
+def run_verification(run: RunData, advice: Mapping[str, Any], *, top: int, repeats: int, steps: int,
+                     runs_dir: Any, progress: bool = True, max_repeats: int | None = None) -> dict[str, Any]:
+    """Run the plan of `top` recommendations and store the verdicts in the verified run, also when Ctrl-C
+    stops it (what was measured is judged; `complete` says whether all of it ran). With `max_repeats`
+    above `repeats`, an inconclusive candidate gets more repeats (`Sequential`)."""
+    from profiler.experiments.batch import run_cells
+
+    trials = trials_for(run, advice["recommendations"][:top], repeats=repeats, steps=steps)
+    seq = Sequential(trials, most=max_repeats, budget_gib=run.memory_budget_gb or None)
+    try:
+        seq.run(lambda cells: run_cells(cells, runs_dir=runs_dir, progress=progress))
+    finally:
+        verification = seq.verification()
+        store_verification(run.path, verification, advice)
+    return verification

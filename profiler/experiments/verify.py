@@ -252,21 +252,3 @@ def store_verification(run_dir: Any, verification: Mapping[str, Any], advice: Ma
     stored = RunRecord(Path(run_dir), store.read_run(run_dir))
     diagnosis = dict(stored.diagnosis or {k: v for k, v in advice.items() if k != "figures"})
     store.update_run(run_dir, diagnosis={**diagnosis, "verification": dict(verification)})
-
-
-def run_verification(run: RunData, advice: Mapping[str, Any], *, top: int, repeats: int, steps: int,
-                     runs_dir: Any, progress: bool = True, max_repeats: int | None = None) -> dict[str, Any]:
-    """Run the plan of `top` recommendations and store the verdicts in the verified run, also when Ctrl-C
-    stops it (what was measured is judged; `complete` says whether all of it ran). With `max_repeats`
-    above `repeats`, an inconclusive candidate gets more repeats (`Sequential`)."""
-    from profiler.experiments.batch import run_cells
-    from profiler.experiments.sequential import Sequential
-
-    trials = trials_for(run, advice["recommendations"][:top], repeats=repeats, steps=steps)
-    seq = Sequential(trials, most=max_repeats, budget_gib=run.memory_budget_gb or None)
-    try:
-        seq.run(lambda cells: run_cells(cells, runs_dir=runs_dir, progress=progress))
-    finally:
-        verification = seq.verification()
-        store_verification(run.path, verification, advice)
-    return verification
