@@ -102,3 +102,31 @@ def print_trace(trace: dict[str, Any], out: IO[str]) -> None:
     wait = trace.get("comm_wait")
     if wait:
         out.write(f"communication wait imbalance across ranks: {100 * wait['imbalance']:.0f}%\n")
+    print_collectives(trace, out)
+
+
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.0f}%"
+
+
+def print_collectives(trace: dict[str, Any], out: IO[str]) -> None:
+    """Collectives matched across ranks (summary.trace.collectives_across_ranks): per kind the calls matched,
+    the start skew, the rank most often last, the share of kernel time spent waiting, the median bus bandwidth
+    against the link's peak; then the straggler it names, if any."""
+    across = trace.get("collectives_across_ranks") or {}
+    if not across.get("kinds"):
+        return
+    out.write("\ncollectives across ranks   calls x ranks | skew p50    p90 | last most often | waiting | "
+              "bus bandwidth p50\n")
+    for kind, k in across["kinds"].items():
+        last = k["last"]
+        late = f"rank {last['rank']} {100 * last['calls'] / k['calls']:.0f}%" if last else "-"
+        bus = "no payload bytes" if k["busbw_gb_s"] is None else f"{k['busbw_gb_s']:.1f} GB/s (" + (
+            "link peak unknown" if k["link_peak_gb_s"] is None else
+            f"{_pct(k['busbw_of_peak'])} of {k['link_peak_gb_s']:g} GB/s") + ")"
+        out.write(f"  {kind:<24} {k['calls']:>7} x {k['ranks']:<3} | {k['skew_ms']['p50']:5.2f} "
+                  f"{k['skew_ms']['p90']:6.2f} ms | {late:>15} | {_pct(k['waiting_share']):>7} | {bus}\n")
+    s = across.get("straggler")
+    if s:
+        out.write(f"straggler: rank {s['rank']} arrived last in {100 * s['last_share']:.0f}% of {s['calls']} "
+                  f"{s['kind']} calls, median {s['skew_ms']:.1f} ms after the first\n")

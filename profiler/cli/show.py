@@ -10,6 +10,7 @@ from pathlib import Path
 
 from profiler.cli import common
 from profiler.cli.diagnose import refusal
+from profiler.cli.import_traces import print_collectives
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -36,6 +37,7 @@ def _print(run_dir: Path, *, as_json: bool) -> tuple[str, str | None]:
                            "summary": summary, "diagnosis": diagnosis or None})
         return run.status, refused
     console.print_summary(run.record, summary, run.status, run.path, sys.stdout)
+    print_collectives(summary.get("trace") or {}, sys.stdout)
     console.print_advice_head(run.id, diagnosis, sys.stdout)
     return run.status, refused
 

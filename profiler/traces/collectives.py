@@ -36,7 +36,8 @@ import pandas as pd
 from profiler.traces import intervals
 from profiler.traces.ops import HOST_OPS
 from profiler.traces.reader import Trace
-from profiler.traces.window import COMMUNICATION, COMPUTATION, Window, hta_window
+from profiler.traces.window import COMMUNICATION, COMPUTATION, Window, hta_window, times
+from profiler.traces.window import kind as gpu_kind
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "send_recv", "all_to_all")
 OPS: dict[str, tuple[str, str, int]] = {
@@ -229,6 +230,32 @@ def _gpu_times(window: Window, launched: pd.Series) -> tuple[dict[str, tuple[flo
     return out, {"host_operator": int(by_host.notna().sum()), "kernel_name": int(by_host.isna().sum())}
 
 
+CALLS = ["kind", "launch_us", "start_us", "dur_us", "bytes"]
+"""Columns of `kernel_calls`."""
+
+
+def _kernel_calls(trace: Trace, launched: pd.Series, op_at: pd.Series, op_bytes: np.ndarray) -> pd.DataFrame:
+    """Each NCCL kernel of the whole trace (not HTA's window: profiler.traces.collective_skew matches the
+    ranks' calls one by one, and an incomplete last step's find no partner): its kind (as `_gpu_times`
+    gives it), its launch's time, its start and duration (us, the trace's `ts`) and payload bytes, those
+    of the operator whose launch it is (`op_at`: its position in `op_bytes`) split among its kernels."""
+    ev = trace.events
+    comm = np.array([gpu_kind(n) == COMMUNICATION for n in trace.names] + [False])
+    gpu = ev[(ev["stream"].to_numpy() >= 0) & comm[ev["name"].to_numpy()] & (ev["correlation"].to_numpy() >= 0)]
+    if gpu.empty:
+        return pd.DataFrame(columns=CALLS)
+    launch = ev[(ev["stream"] < 0) & (ev["correlation"] >= 0)].drop_duplicates("correlation")
+    corr = gpu["correlation"]
+    start, end = times(gpu)
+    op = corr.map(op_at).astype(float).fillna(-1).astype(np.int64)
+    kernels_of_op = op.map(op.value_counts()).to_numpy()
+    return pd.DataFrame({
+        "kind": corr.map(launched).fillna(gpu["name"].map(lambda code: _kind_by_name(trace.names[code]))).to_numpy(),
+        "launch_us": corr.map(launch.set_index("correlation")["ts"]).to_numpy(dtype=float),
+        "start_us": start, "dur_us": end - start,
+        "bytes": np.append(op_bytes, math.nan)[op.to_numpy()] / kernels_of_op})
+
+
 def _operators(host: pd.DataFrame) -> pd.DataFrame:
     """The process-group operators of `host` with their `kind`, backend `family` and payload `bytes` (NaN
     where the operator does not say: its backend event may)."""
@@ -258,13 +285,17 @@ def _backend(host: pd.DataFrame) -> pd.DataFrame:
 def analyze(trace: Trace, steps: int, window: Window | None = None) -> dict[str, Any]:
     """{"backend", "step_s", "kinds": {kind: {calls, bytes, time_s, exposed_s}}}, per profiled step, with NCCL
     `kernels_by` (module docstring), or {}; `window` is the trace's HTA window when the caller has it already."""
-    if steps < 1:
-        return {}
-    if not set(OPS) & set(trace.names):
-        return {}
+    return analyze_calls(trace, steps, window)[0]
+
+
+def analyze_calls(trace: Trace, steps: int, window: Window | None = None) -> tuple[dict[str, Any], pd.DataFrame]:
+    """`analyze`'s figures, and each NCCL kernel with its kind, times and bytes (`_kernel_calls`; none off NCCL)."""
+    calls = pd.DataFrame(columns=CALLS)
+    if steps < 1 or not set(OPS) & set(trace.names):
+        return {}, calls
     host = _host(trace)
     if not (host["role"] == OP).any():  # the names occur, but not on host operators
-        return {}
+        return {}, calls
     ops, backend = _operators(host), _backend(host)
     matched = np.asarray(_match(ops, backend), dtype=np.int64)
     has = matched >= 0
@@ -277,6 +308,8 @@ def analyze(trace: Trace, steps: int, window: Window | None = None) -> dict[str,
     if name == "nccl":  # the operator's kind wins over its backend event's (gloo runs a reduce-scatter as all-reduce)
         launched = _launch_kinds(trace, (backend, backend["kind"]), (ops, ops["kind"]))
         gpu, out["kernels_by"] = _gpu_times(window or hta_window(trace), launched)
+        op_at = _launch_kinds(trace, (ops, pd.Series(np.arange(len(ops)), index=ops.index)))
+        calls = _kernel_calls(trace, launched, op_at, ops["bytes"].to_numpy(dtype=float))
     for kind in set(gpu) - set(ops["kind"]):  # kernels of operators outside the window, or named by no operator
         kinds[kind] = {"calls": math.nan, "bytes": math.nan, "time_s": gpu[kind][0] / 1e6 / steps,
                        "exposed_s": gpu[kind][1] / 1e6 / steps}
@@ -299,4 +332,4 @@ def analyze(trace: Trace, steps: int, window: Window | None = None) -> dict[str,
                        "time_s": time_us / 1e6 / steps, "exposed_s": exposed_us / 1e6 / steps}
     step_us = host.loc[host["role"] == STEP, "dur"]
     return {**out, "step_s": float(step_us.mean()) / 1e6 if len(step_us) else math.nan,
-            "kinds": {k: kinds[k] for k in KINDS if k in kinds}}
+            "kinds": {k: kinds[k] for k in KINDS if k in kinds}}, calls

@@ -20,7 +20,18 @@ from typing import Any
 import pandas as pd
 
 from profiler import store
-from profiler.traces import collectives, comm_overlap, idle, kernel_types, launches, parallel, ranks, sessions, temporal
+from profiler.traces import (
+    collective_skew,
+    collectives,
+    comm_overlap,
+    idle,
+    kernel_types,
+    launches,
+    parallel,
+    ranks,
+    sessions,
+    temporal,
+)
 from profiler.traces.kernels import kernel_rows
 from profiler.traces.ops import op_rows
 from profiler.traces.reader import Trace, TraceError, read_trace
@@ -57,9 +68,10 @@ def rank_of(trace: Trace) -> int | None:
     return int(named.group(1)) if named else None
 
 
-def analyze_rank(trace: Trace, rank: int, timing: Timing = EXACT) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+def analyze_rank(trace: Trace, rank: int, timing: Timing = EXACT
+                 ) -> tuple[dict[str, Any], dict[str, pd.DataFrame], pd.DataFrame]:
     """One rank's figures (summary.trace.ranks.<rank>), its GPU times read as `timing` says (profiler.traces.window),
-    and its table rows."""
+    its table rows, and its collective calls to match with the other ranks' (profiler.traces.collective_skew)."""
     steps = step_rows(trace, rank)
     n_steps = len(steps)
     figures: dict[str, Any] = {"file": str(trace.path), "steps": n_steps}
@@ -71,10 +83,11 @@ def analyze_rank(trace: Trace, rank: int, timing: Timing = EXACT) -> tuple[dict[
         figures.update(comm_overlap.analyze(window))
         figures["idle"] = idle.analyze(window)
         figures.update(launches.analyze(window))
-    if comm := collectives.analyze(trace, n_steps, window):
+    comm, calls = collectives.analyze_calls(trace, n_steps, window)
+    if comm:
         figures["collectives"] = comm
     tables = {"steps": steps, "ops": op_rows(trace, rank, n_steps), "kernels": kernel_rows(trace, rank, n_steps)}
-    return figures, tables
+    return figures, tables, collective_skew.rank_calls(calls, steps, trace.base_us)
 
 
 @dataclass
@@ -91,6 +104,8 @@ class Analyzed:
     """The top-level fields of the first trace read (distributedInfo, deviceProperties, ...)."""
     read: dict[str, Any] = field(default_factory=dict)
     """How the files were read: `workers` and `scheduler` (profiler.traces.parallel.Pool.how)."""
+    calls: dict[int, pd.DataFrame] = field(default_factory=dict)
+    """Each rank's collective calls (profiler.traces.collective_skew.rank_calls)."""
 
     def table(self, name: str) -> pd.DataFrame:
         frames = self.tables[name]
@@ -98,8 +113,14 @@ class Analyzed:
 
     def summary(self) -> dict[str, Any]:
         """summary.trace: per rank, then across ranks, and the `timing` the GPU figures used."""
+        steps = self.table("steps")
+        step_s = float(steps.groupby("rank")["step_s"].median().median()) if not steps.empty else float("nan")
+        devices = self.meta.get("deviceProperties")
+        device = devices[0].get("name") if isinstance(devices, list) and devices and isinstance(devices[0], dict) \
+            else None
+        across = collective_skew.analyze(self.calls, step_s, device if isinstance(device, str) else None)
         return {"timing": self.timing, "ranks": {str(r): f for r, f in sorted(self.per_rank.items())},
-                **ranks.analyze(self.table("steps"), self.per_rank)}
+                **ranks.analyze(steps, self.per_rank), **({"collectives_across_ranks": across} if across else {})}
 
 
 @dataclass
@@ -114,6 +135,7 @@ class Part:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    calls: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def as_rank(self, rank: int) -> dict[str, pd.DataFrame]:
         """The tables with their rows' `rank` the one the merge gave the file."""
@@ -127,8 +149,8 @@ def read_part(path: Path, timing: Timing = EXACT) -> Part:
     except TraceError as exc:
         return Part(path, error=str(exc))
     rank = rank_of(trace)
-    figures, tables = analyze_rank(trace, -1 if rank is None else rank, timing)
-    return Part(path, rank, figures, tables, trace.meta)
+    figures, tables, calls = analyze_rank(trace, -1 if rank is None else rank, timing)
+    return Part(path, rank, figures, tables, trace.meta, calls=calls)
 
 
 def analyze_traces(files: list[Path], timing: Timing = EXACT, *, workers: int = 1, scheduler: str | None = None,
@@ -155,6 +177,7 @@ def _merged(parts: list[Part], timing: Timing, how: dict[str, Any]) -> Analyzed:
     out = Analyzed(timing=timing, read=how)
     unnamed = 0
     read: dict[int, list[sessions.Session]] = {}
+    calls: dict[int, list[pd.DataFrame]] = {}
     for part in parts:
         path = part.path
         if part.error is not None:
@@ -175,8 +198,10 @@ def _merged(parts: list[Part], timing: Timing, how: dict[str, Any]) -> Analyzed:
         out.paths.setdefault(rank, path)
         out.meta = out.meta or part.meta
         read.setdefault(rank, []).append((path, part.figures, part.as_rank(rank)))
+        calls.setdefault(rank, []).append(part.calls)
     for rank, rank_parts in read.items():
         out.per_rank[rank], rows = sessions.combine(rank_parts)
+        out.calls[rank] = pd.concat(calls[rank], ignore_index=True).drop_duplicates(["step", "kind", "seq"])
         for table, df in rows.items():
             if not df.empty:
                 out.tables[table].append(df)

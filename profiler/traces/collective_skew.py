@@ -1,0 +1,158 @@
+"""Collectives matched across ranks: who arrives late, how long the others wait, at what bus bandwidth.
+
+A call is one NCCL kernel (profiler.traces.collectives.analyze_calls). The ranks' calls of a kind are
+matched by the ProfilerStep their launch falls in and their order among that step's calls of the kind
+(the k-th all-reduce of step 12 on each rank); a call some rank lacks (a step one trace cut short) is
+left out. Starts are compared on the traces' own clocks (Kineto's epoch microseconds, kept to a quarter
+microsecond here): ranks on different hosts differ also by their clocks' offset, as in HTA and TraceLens.
+
+Per call: `skew`, the last start minus the first; the rank that arrived last (none when several share
+the last start); the moving time, the last arriver's kernel duration (it waited least: in a collective
+all ranks finish together); each other rank's duration beyond it is waiting. Per kind: the calls matched,
+the skew's median and p90, the rank most often last, kernel time and the share of it spent waiting, and
+bus bandwidth: bytes / moving time (algorithm bandwidth) times NCCL's factor for the kind and the n
+ranks matched (nccl-tests doc/PERFORMANCE.md: all_reduce 2(n-1)/n; all_gather, reduce_scatter and
+all_to_all (n-1)/n; broadcast and send/recv 1), which that document says to compare with the
+hardware's peak whatever n is.
+
+A straggler is named when one rank is last in more than LAST_SHARE of at least MIN_CALLS calls of a kind
+and the kind's median skew exceeds SKEW_OF_STEP of the median step.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+              "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+              "broadcast": lambda n: 1.0, "send_recv": lambda n: 1.0}
+"""Bus bandwidth over algorithm bandwidth by kind (nccl-tests doc/PERFORMANCE.md, 'Bus bandwidth')."""
+LINK_PEAK = (
+    (re.compile(r"H200"), 450.0, "NVLink 4: 900 GB/s per GPU both ways (NVIDIA H200 datasheet), 450 each way"),
+    (re.compile(r"H100.*PCIe"), 63.0, "PCIe Gen5 x16: 32 GT/s x 16 lanes, 128b/130b, each way (PCI-SIG)"),
+    (re.compile(r"H100"), 450.0, "NVLink 4: 900 GB/s per GPU both ways (NVIDIA H100 SXM datasheet), 450 each way"),
+    (re.compile(r"A100.*PCIe"), 31.5, "PCIe Gen4 x16: 16 GT/s x 16 lanes, 128b/130b, each way (PCI-SIG)"),
+    (re.compile(r"A100"), 300.0, "NVLink 3: 600 GB/s per GPU both ways (NVIDIA A100 SXM datasheet), 300 each way"),
+    (re.compile(r"V100.*PCIe"), 15.75, "PCIe Gen3 x16: 8 GT/s x 16 lanes, 128b/130b, each way (PCI-SIG)"),
+    (re.compile(r"V100"), 150.0, "NVLink 2: 300 GB/s per GPU both ways (NVIDIA V100 SXM2 datasheet), 150 each way"),
+)
+"""Peak bus bandwidth (GB/s, one direction, what busbw measures) of the GPU's link within a host, by device
+name. Across hosts the network bounds it lower."""
+MIN_CALLS = 10
+"""Fewer calls than this say nothing about who is usually last."""
+LAST_SHARE = 0.5
+"""More than half the calls: one rank is last more often than all the others together."""
+SKEW_OF_STEP = 0.05
+"""A rank that arrives this late makes every rank wait about that long each step (it is late at each
+collective, not once per call: the lateness carries over), the same 5% profiler.traces.ranks counts a
+slow step by; below it the spread is noise of launch order and clocks."""
+
+
+def rank_calls(calls: pd.DataFrame, steps: pd.DataFrame, base_us: int) -> pd.DataFrame:
+    """One rank's calls keyed for matching: `kind`, `step` (the ProfilerStep its launch falls in, -1 before
+    the first or without steps), `seq` (its order among the step's calls of its kind), `start_us` on the
+    trace's clock, `dur_us`, `bytes`."""
+    if calls.empty:
+        return pd.DataFrame(columns=["kind", "step", "seq", "start_us", "dur_us", "bytes"])
+    step = np.full(len(calls), -1, dtype=np.int64)
+    if not steps.empty:
+        spans = steps.sort_values("ts_end")
+        starts = ((spans["ts_end"] - spans["step_s"]) * 1e6).to_numpy()
+        at = np.searchsorted(starts, calls["launch_us"].to_numpy(dtype=float) + base_us, side="right") - 1
+        step = np.where(at >= 0, spans["step"].to_numpy()[np.maximum(at, 0)], -1)
+    out = pd.DataFrame({"kind": calls["kind"].to_numpy(), "step": step,
+                        "start_us": calls["start_us"].to_numpy(dtype=float) + base_us,
+                        "dur_us": calls["dur_us"].to_numpy(dtype=float), "bytes": calls["bytes"].to_numpy(dtype=float)})
+    out = out.sort_values("start_us", kind="stable", ignore_index=True)
+    return out.assign(seq=out.groupby(["step", "kind"]).cumcount())
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def _link(device: str | None) -> tuple[float, str] | None:
+    return next(((peak, source) for pattern, peak, source in LINK_PEAK if device and pattern.search(device)), None)
+
+
+def matched(calls: Mapping[int, pd.DataFrame], kind: str) -> pd.DataFrame:
+    """The calls of `kind` matched across the ranks that have any (each rank's `rank_calls`), one row each:
+    `step`, `seq`, `ranks` (n), `skew_us`, `last` (the rank that started last, -1 when several did),
+    `moving_us`, `waiting_us` (summed over the ranks), `time_us` (kernel time, summed), `bytes`, `algbw_gb_s`
+    and `busbw_gb_s` (module docstring)."""
+    own = [c[c["kind"] == kind].assign(rank=r) for r, c in sorted(calls.items()) if (c["kind"] == kind).any()]
+    if len(own) < 2:
+        return pd.DataFrame(columns=["step", "seq", "ranks", "skew_us", "last", "moving_us", "waiting_us", "time_us",
+                                     "bytes", "algbw_gb_s", "busbw_gb_s"])
+    wide = pd.concat(own).set_index(["step", "seq", "rank"])[["start_us", "dur_us", "bytes"]].unstack("rank")
+    wide = wide[wide["start_us"].notna().all(axis=1)]
+    ranks = wide["start_us"].columns.to_numpy()
+    start, dur = wide["start_us"].to_numpy(), wide["dur_us"].to_numpy()
+    latest = start.max(axis=1)
+    is_last = start == latest[:, None]
+    moving = np.where(is_last, dur, np.inf).min(axis=1)
+    payload = wide["bytes"].median(axis=1).to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = np.where(moving > 0, payload / moving / 1e3, np.nan)  # bytes per us / 1e3: GB/s
+    return pd.DataFrame({
+        "step": wide.index.get_level_values("step"), "seq": wide.index.get_level_values("seq"), "ranks": len(ranks),
+        "skew_us": latest - start.min(axis=1),
+        "last": np.where(is_last.sum(axis=1) == 1, ranks[start.argmax(axis=1)], -1),
+        "moving_us": moving, "waiting_us": np.clip(dur - moving[:, None], 0, None).sum(axis=1),
+        "time_us": dur.sum(axis=1), "bytes": payload, "algbw_gb_s": algbw,
+        "busbw_gb_s": algbw * BUS_FACTOR.get(kind, lambda _: 1.0)(len(ranks))})
+
+
+def _median(values: pd.Series) -> float | None:
+    return _finite(float(values.median())) if values.notna().any() else None
+
+
+def _kind(calls: pd.DataFrame, device: str | None) -> dict[str, Any]:
+    """A kind's figures from its `matched` calls (module docstring)."""
+    skew_ms = calls["skew_us"] / 1e3
+    last = calls.loc[calls["last"] >= 0, "last"].value_counts()
+    time_us, waiting_us = float(calls["time_us"].sum()), float(calls["waiting_us"].sum())
+    bus = _median(calls["busbw_gb_s"])
+    link = _link(device)
+    return {
+        "ranks": int(calls["ranks"].iloc[0]), "calls": len(calls),
+        "skew_ms": {"p50": float(skew_ms.median()), "p90": float(skew_ms.quantile(0.9)), "max": float(skew_ms.max())},
+        "last": {"rank": int(last.index[0]), "calls": int(last.iloc[0]), "of": int(last.sum())} if len(last) else None,
+        "time_s": time_us / 1e6, "waiting_s": waiting_us / 1e6,
+        "waiting_share": waiting_us / time_us if time_us > 0 else None,
+        "algbw_gb_s": _median(calls["algbw_gb_s"]), "busbw_gb_s": bus,
+        "link_peak_gb_s": link[0] if link else None, "link": link[1] if link else None,
+        "busbw_of_peak": bus / link[0] if link and bus is not None else None,
+    }
+
+
+def _straggler(kinds: Mapping[str, Mapping[str, Any]], step_s: float) -> dict[str, Any] | None:
+    """The rank last in most calls of a kind, with the evidence, where module docstring's rule names one."""
+    named = [{"rank": k["last"]["rank"], "kind": kind, "last_share": k["last"]["calls"] / k["calls"],
+              "calls": k["calls"], "skew_ms": k["skew_ms"]["p50"]}
+             for kind, k in kinds.items()
+             if k["last"] and k["calls"] >= MIN_CALLS and k["last"]["calls"] > LAST_SHARE * k["calls"]
+             and math.isfinite(step_s) and k["skew_ms"]["p50"] / 1e3 > SKEW_OF_STEP * step_s]
+    return max(named, key=lambda s: s["skew_ms"] * s["calls"], default=None)
+
+
+def analyze(calls: Mapping[int, pd.DataFrame], step_s: float, device: str | None) -> dict[str, Any]:
+    """{"kinds": {kind: figures}, "straggler": {...} or absent}, from each rank's `rank_calls`; {} under two
+    ranks with calls. `unmatched`: the calls of the rank with the most that found no partner. `step_s`: the
+    median step (NaN: unknown, no straggler named); `device`: the GPU's name."""
+    kinds = {}
+    for kind in sorted({k for c in calls.values() for k in c["kind"].unique()}):
+        rows = matched(calls, kind)
+        if not rows.empty:
+            most = max(int((c["kind"] == kind).sum()) for c in calls.values())
+            kinds[kind] = {**_kind(rows, device), "unmatched": most - len(rows)}
+    if not kinds:
+        return {}
+    straggler = _straggler(kinds, step_s)
+    return {"kinds": kinds, **({"straggler": straggler} if straggler else {})}
