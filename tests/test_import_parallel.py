@@ -4,7 +4,9 @@ file among them is left out and named; a bad --workers or --scheduler is one lin
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 
 from benchmarks.import_ranks import SOURCE, tile_ranks
 from profiler import store
+from profiler.traces import parallel
 from tests.conftest import glmperf
 
 RANKS = 32
@@ -109,3 +112,18 @@ def test_a_bad_workers_or_scheduler_is_one_line_and_no_run(job: Path, tmp_path: 
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == [done.stderr.strip()] and done.stderr.startswith(f"glmperf: error: {said}")
     assert "Traceback" not in done.stderr and store.list_runs(tmp_path / "runs") == []
+
+
+def _dies_on_the_last(item: int) -> int:
+    """A worker's job that kills its process on the last item, after the others are done."""
+    if item == 3:
+        time.sleep(0.5)
+        os._exit(9)
+    return 2 * item
+
+
+def test_a_worker_that_dies_costs_the_files_not_read_yet_never_those_read() -> None:
+    with parallel.pool(workers=2) as where:
+        results = dict(where.completed(_dies_on_the_last, [0, 1, 2, 3]))
+    assert {i: results[i] for i in (0, 1, 2)} == {0: 0, 1: 2, 2: 4}
+    assert isinstance(results[3], parallel.WorkerDied) and "died" in results[3].why

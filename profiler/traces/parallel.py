@@ -3,7 +3,8 @@
 A job of hundreds of ranks leaves hundreds of traces; read one after another in one process they take
 as long as their sum. Here each file is read by one worker at a time, so a worker holds one trace
 (memory stays bounded per worker) and as many are read at once as there are workers. Results come back
-as each file is done, with its index, so the caller can report progress and still merge in file order.
+as each file is done, with its index, so the caller can report progress and still merge in file order. A
+worker that dies (killed for its memory) costs the files not read yet (`WorkerDied`), never those read.
 
 Workers on this machine are a ProcessPoolExecutor started by `forkserver`: fork is unsafe in a process
 that has started threads (torch's, Dask's), and a forkserver that has imported the trace readers forks
@@ -20,6 +21,7 @@ import multiprocessing
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -73,20 +75,34 @@ def pool(workers: int = 1, scheduler: str | None = None) -> Iterator[Pool]:
             executor.shutdown(cancel_futures=True)
 
 
+@dataclass
+class WorkerDied:
+    """The result of an item whose worker process died (killed for memory, a signal): the items done stay."""
+
+    why: str
+
+
 def _pool_completed(executor: ProcessPoolExecutor, fn: Callable[[Any], Any],
                     items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
     futures = {executor.submit(fn, item): i for i, item in enumerate(items)}
     for future in as_completed(futures):
-        yield futures[future], future.result()
+        try:
+            yield futures[future], future.result()
+        except BrokenProcessPool as exc:  # every item not done yet fails with it: which one killed it is unknown
+            yield futures[future], WorkerDied(f"a worker process died while it was being read ({exc})")
 
 
 def _dask_completed(dask: Any, fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+    from dask.distributed import KilledWorker
     from dask.distributed import as_completed as dask_completed
 
     futures = dask.map(fn, items, pure=False)
     index = {future.key: i for i, future in enumerate(futures)}
     for future in dask_completed(futures):
-        yield index[future.key], future.result()
+        try:
+            yield index[future.key], future.result()
+        except KilledWorker as exc:  # Dask retried it on other workers first
+            yield index[future.key], WorkerDied(f"the Dask workers reading it died ({exc})")
 
 
 @contextmanager

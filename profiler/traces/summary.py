@@ -163,6 +163,9 @@ def analyze_traces(files: list[Path], timing: Timing = EXACT, *, workers: int = 
     parts: list[Part | None] = [None] * len(files)
     with parallel.pool(min(workers, max(1, len(files))), scheduler) as where:
         for done, (i, part) in enumerate(where.completed(functools.partial(read_part, timing=timing), files), 1):
+            if isinstance(part, parallel.WorkerDied):
+                part = Part(files[i], error=f"{files[i]}: {part.why}: out of memory? read the files left out again "
+                                            "with fewer --workers")
             parts[i] = part
             if progress and len(files) > 1:
                 what = f"left out {part.path.name}" if part.error else \
