@@ -148,3 +148,13 @@ def test_import_and_show_print_the_section_and_name_the_straggler(delayed: tuple
     for text in (printed, shown):
         assert "collectives across ranks" in text and "all_to_all" in text
         assert "straggler: rank 1 arrived last in 100% of" in text and "median 20.0 ms after the first" in text
+
+
+def test_the_diagnosis_names_the_rank_the_others_wait_for(delayed: tuple[Path, str],
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # rank 1's steps are as long as rank 0's (every event of it moved alike): only its lateness shows
+    capsys.readouterr()
+    assert main(["diagnose", str(delayed[0]), "--json"]) == 0
+    found = {b["kind"]: b for b in json.loads(capsys.readouterr().out)["bottlenecks"]}
+    assert "rank 1 arrives last at its collectives (100% of" in found["straggler"]["message"]
+    assert "median 20.0 ms after the first" in found["straggler"]["message"]

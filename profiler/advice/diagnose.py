@@ -62,6 +62,26 @@ def v(figures: Figures, name: str) -> float:
     return figures[name].value if name in figures else math.nan
 
 
+def _slow_steps(f: Figures) -> float:
+    """The part of the step the other ranks wait for the slowest rank's longer steps."""
+    return 1 - 1 / v(f, "straggler") if v(f, "straggler") > STRAGGLER_RATIO else 0.0
+
+
+def _late(f: Figures) -> float:
+    """The part of the step the others wait at the collectives a rank arrives at last (the trace's own rule,
+    profiler.traces.collective_skew, named it: last at most of its calls, by over 5% of the median step)."""
+    late = v(f, "late_skew_ms") / v(f, "step_ms")
+    return min(1.0, late) if late > 0 else 0.0
+
+
+def _straggler_message(f: Figures) -> str:
+    if _slow_steps(f) >= _late(f):
+        return f"rank {v(f, 'slowest_rank'):.0f}'s steps are {v(f, 'straggler'):.2f}x the median rank's"
+    return (f"rank {v(f, 'late_rank'):.0f} arrives last at its collectives ({v(f, 'late_share'):.0f}% of "
+            f"{v(f, 'late_calls'):.0f} calls, median {v(f, 'late_skew_ms'):.1f} ms after the first: "
+            f"{100 * _late(f):.0f}% of the step the others wait)")
+
+
 def compute_share(f: Figures) -> float:
     """Forward plus backward, as a fraction of the step."""
     return (v(f, "share.forward") + v(f, "share.backward")) / 100
@@ -258,10 +278,11 @@ RULES: tuple[Rule, ...] = (
          ("share.checkpoint",),
          lambda f: v(f, "share.checkpoint") / 100 if v(f, "share.checkpoint") > CHECKPOINT_SHARE else 0.0,
          lambda f: f"saving checkpoints takes {v(f, 'share.checkpoint'):.1f}% of the run's step time"),
-    Rule(Bottleneck.STRAGGLER, f"slowest rank's median step > {STRAGGLER_RATIO:g}x the median rank's",
-         ("straggler",), lambda f: 1 - 1 / v(f, "straggler") if v(f, "straggler") > STRAGGLER_RATIO else 0.0,
-         lambda f: f"rank {v(f, 'slowest_rank'):.0f}'s steps are {v(f, 'straggler'):.2f}x the median rank's",
-         applies=lambda f: None if known(f, "straggler") else "one rank: no straggler to find"),
+    Rule(Bottleneck.STRAGGLER, f"slowest rank's median step > {STRAGGLER_RATIO:g}x the median rank's, or one rank "
+         "last at most of a collective's calls, the others waiting for it (an imported trace)",
+         ("straggler",), lambda f: max(_slow_steps(f), _late(f)), _straggler_message,
+         applies=lambda f: None if known(f, "straggler") else "one rank: no straggler to find",
+         also=("late_rank", "late_calls", "late_share", "late_skew_ms", "step_ms")),
     Rule(Bottleneck.CPU_OVERSUBSCRIBED, f"torch threads + loader workers of the ranks of a host > its cores + "
          f"{OVERSUBSCRIPTION:g}", ("thread_demand", "cores"),
          lambda f: 1 - v(f, "cores") / v(f, "thread_demand")
