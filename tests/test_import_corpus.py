@@ -1,6 +1,6 @@
 """Every public trace the tests hold, and the shared real ones: `glmperf import`, `show`, `diagnose`,
 `report` and `--json` end with an exit code and, at most, one error line (never a traceback), and
-every JSON they print parses under strict RFC 8259 (no bare NaN)."""
+every JSON they print or store parses under strict RFC 8259 (no bare NaN)."""
 
 from __future__ import annotations
 
@@ -48,3 +48,6 @@ def test_every_command_on_every_trace_ends_cleanly(trace_dir: Path, tmp_path: Pa
             strict(out)
     assert main(["report", run, "--runs-dir", runs]) == 0
     assert "Traceback" not in capsys.readouterr().err
+    for written in (tmp_path / "runs").rglob("*.json*"):  # what it stored too: run.json, events.jsonl
+        for line in written.read_text().splitlines() if written.suffix == ".jsonl" else [written.read_text()]:
+            strict(line)

@@ -69,11 +69,17 @@ def _traced(ranks: Sequence[Mapping[str, Any]], totals: bool) -> Figures:
 
 
 def collectives_by_rank(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each rank's collectives a profiled step (summary.trace.ranks.<rank>.collectives), in rank order;
-    ranks whose trace showed none are left out."""
+    """Each rank's collectives a profiled step (summary.trace.ranks.<rank>.collectives), in rank order, a
+    figure not measured (stored null) as NaN; ranks whose trace showed none are left out."""
     ranks = (summary.get("trace") or {}).get("ranks") or {}
-    return {r: ranks[r]["collectives"] for r in sorted(ranks, key=int)
-            if (ranks[r].get("collectives") or {}).get("kinds")}
+    return {r: _numbers({**ranks[r]["collectives"], "kinds": {kind: _numbers(k) for kind, k in
+                                                              ranks[r]["collectives"]["kinds"].items()}})
+            for r in sorted(ranks, key=int) if (ranks[r].get("collectives") or {}).get("kinds")}
+
+
+def _numbers(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored mapping with its nulls read as NaN (the store writes a figure not measured as null)."""
+    return {k: math.nan if v is None else v for k, v in stored.items()}
 
 
 def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:

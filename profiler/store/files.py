@@ -72,7 +72,7 @@ def json_text(data: Any) -> str:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """The store's own records (run.json, rank status): a figure not measured stays NaN there, which the
-    readers take as such; what glmperf prints for other tools goes through `json_text`."""
-    text = json.dumps(data, indent=2, default=str)
+    """The store's own records (run.json, rank status, records), strict JSON like everything glmperf writes
+    (`json_text`): a figure not measured is null there, which the readers take as NaN (`num`)."""
+    text = json_text(data)
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from profiler.store.files import StoreError, atomic_write, disk_error
+from profiler.store.files import StoreError, atomic_write, disk_error, plain
 
 TABLES = ("steps", "samples", "ops")
 OPTIONAL_TABLES = ("kernels",)
@@ -98,7 +98,8 @@ class RunWriter:
 
     def add_event(self, event: dict[str, Any]) -> None:
         """Events are rare and precious: written and flushed at once, one JSON object a line."""
-        line = json.dumps({"ts": time.time(), "rank": self.rank, "attempt": self.attempt, **event}, default=str)
+        line = json.dumps(plain({"ts": time.time(), "rank": self.rank, "attempt": self.attempt, **event}), default=str,
+                          allow_nan=False)
         with self._lock:
             self._events.write(line + "\n")
             self._events.flush()
@@ -243,7 +244,7 @@ def compact(run_dir: Path) -> int:
         _remove(parts)
     event_parts = sorted((run_dir / "parts").glob("events-r*.jsonl"))
     events, skipped = read_events(run_dir)
-    text = "".join(json.dumps(e, default=str) + "\n" for e in events)
+    text = "".join(json.dumps(plain(e), default=str, allow_nan=False) + "\n" for e in events)
     atomic_write(run_dir / "events.jsonl", lambda tmp: tmp.write_text(text, encoding="utf-8"))
     _remove(event_parts)
     return skipped
