@@ -138,8 +138,9 @@ def run_command(argv: Sequence[str], cell: CommandCell, *, runs_dir: Path, progr
     run_dir = made[-1]
     if cell.overrides:
         _check_taken(run_dir, cell)
-    if done.returncode != 0 and cell.links["verifies"]["trial"] == "baseline":
-        raise RerunError(f"{shlex.join(argv)} failed (exit {done.returncode}) as it is: {_tail(done.stdout)}")
+    if done.returncode != 0 and (cell.links.get("verifies") or {}).get("trial", "baseline") == "baseline":
+        raise RerunError(f"{shlex.join(argv)} failed (exit {done.returncode}) without the change tried: "
+                         f"{_tail(done.stdout)}")
     store.update_run(run_dir, **cell.links)
     return run_dir
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from profiler.analysis import RunData, load_run
 from profiler.experiments import records
 from profiler.experiments.rerun import (
     CommandCell,
+    RerunError,
     command_trials,
     execute,
     merged,
@@ -70,8 +71,11 @@ class CommandTuner:
         except KeyboardInterrupt:
             self._save(status="interrupted", stopped="interrupted (Ctrl-C): the rounds done are kept")
             raise
+        except RerunError as exc:  # the command failed, made no run or did not take a change: the rounds done stay
+            self._save(status="failed", stopped=str(exc))
+            raise
 
-    def _run_all(self, cells: Sequence[CommandCell]) -> Any:
+    def _run_all(self, cells: Sequence[CommandCell]) -> Iterator[tuple[CommandCell, Path]]:
         for cell, run_dir in execute(self.argv, runs_dir=self.runs_dir, progress=self.progress)(cells):
             self.runs += 1
             yield cell, run_dir
