@@ -25,6 +25,10 @@ is accepted, shown in the trace window as `glmperf/<name>` and counted in the st
 On CUDA every boundary records an event that is read lazily, as for the reference trainer: timing
 never synchronizes the device. The loss you hand over is copied to the host without a sync too.
 
+`run.probe(model, loss_of, tokens=...)` after the last step measures the advice's autocast change on
+your model and one batch's loss (the callbacks call it at the train end); rank 0 alone probes, so under
+DDP give it the module inside (`model.module`), whose backward waits on no other rank.
+
 MFU needs FLOPs per token: `flops_per_token` when given, else 6N from `model`'s parameter count
 (PaLM appendix B without its attention term, which needs the model's shape), else none: the run
 says which in run.json `model.flops_source` and its summary notes.
@@ -45,7 +49,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +57,13 @@ from typing import Any
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel
 
 from optimizers.config import build_section, section_to_dict
 from profiler import plugins, store
 from profiler.capture.finish import await_ranks, finalize, measured_peaks
 from profiler.capture.live_metrics import check_metrics_ports
 from profiler.capture.ranks import RankRecord, instruments, raise_interrupted
-from profiler.instruments.comm import CommStats
+from profiler.capture.user_model import count_allreduces, model_record
 from profiler.instruments.machine import MATMUL_DTYPES, environment
 from profiler.instruments.prometheus import local_rank
 from profiler.settings import ProfileConfig
@@ -101,36 +103,6 @@ class Step:
     micro_batches: int = 1
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The user's own module inside DDP / DataParallel (`.module`) and torch.compile (`._orig_mod`)."""
-    while True:
-        if isinstance(model, (DistributedDataParallel, torch.nn.DataParallel)):
-            model = model.module
-        elif isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
-            model = model._orig_mod
-        else:
-            return model
-
-
-def model_record(model: torch.nn.Module | None, flops_per_token: float | None) -> dict[str, Any]:
-    """run.json `model` of a user's model: external, its class and size, and where FLOPs/token come from."""
-    record: dict[str, Any] = {"external": True, "class": None, "num_params": None,
-                              "flops_per_token": None, "flops_source": None}
-    if model is not None:
-        inner = _unwrap(model)
-        record["class"] = f"{type(inner).__module__}.{type(inner).__qualname__}"
-        record["num_params"] = sum(p.numel() for p in inner.parameters())
-    if flops_per_token is not None:
-        record.update(flops_per_token=float(flops_per_token), flops_source="given (flops_per_token)")
-    elif record["num_params"]:
-        record.update(flops_per_token=6.0 * record["num_params"],
-                      flops_source="6N (N = the model's parameter count; attention's FLOPs not counted: "
-                                   "pass flops_per_token= for them)")
-    else:
-        record["flops_source"] = "not known: pass flops_per_token= or model= for MFU"
-    return record
-
-
 def _device_of(model: torch.nn.Module | None, device: str | torch.device | None) -> torch.device:
     if device is not None:
         return torch.device(device)
@@ -139,22 +111,6 @@ def _device_of(model: torch.nn.Module | None, device: str | torch.device | None)
         if param is not None:
             return param.device
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def count_allreduces(model: torch.nn.Module | None, device: torch.device, world_size: int
-                     ) -> tuple[CommStats | None, str]:
-    """Communication counters on a DDP model's gradient all-reduces (torch's own allreduce hook, the
-    one DDP runs by default, wrapped as profile-run wraps it), or None and why not."""
-    if world_size == 1:
-        return None, "one process: nothing to communicate"
-    if not isinstance(model, DistributedDataParallel):
-        return None, "not measured: pass the DistributedDataParallel model as model= to count its all-reduces"
-    comm = CommStats(device)
-    try:
-        model.register_comm_hook(None, comm.wrap(default_hooks.allreduce_hook, None))
-    except RuntimeError as exc:  # the loop registered a hook of its own (DDP takes one)
-        return None, f"not measured: the model has a comm hook of its own ({exc})"
-    return comm, "counted: DDP gradient all-reduces"
 
 
 _opened = 0
@@ -287,6 +243,24 @@ class Run:
         if self.dir is None or self._record is not None:
             return {}
         return store.read_run(self.dir).get("summary") or {}
+
+    def probe(self, model: torch.nn.Module, loss_of: Callable[[], torch.Tensor], *, tokens: int) -> None:
+        """Inside the run, after the last step: measure the advice's autocast change on `model` and `loss_of`
+        (a batch's loss: a forward; `tokens` its input tokens), so its range is measured on your model
+        (profiler.capture.own_probe; the callbacks call it at the train end). A probe that fails costs only
+        its measurement: the range stays modelled, and run.json `own_probes_error` says why."""
+        from profiler.capture.own_probe import probe_own  # the probes' imports: only where one runs
+
+        if self.rank != 0 or self.dir is None or self._record is None:
+            return
+        try:
+            probes = probe_own(model, loss_of, tokens=tokens, device=next(model.parameters()).device, amp=self.amp,
+                               budget_s=self.profile.probe_budget_s)
+        except Exception as exc:  # the user's model, under a change: the training itself already ended well
+            store.update_run(self.dir, own_probes_error=f"{type(exc).__name__}: {exc}")
+            return
+        if probes:
+            store.update_run(self.dir, own_probes=[asdict(p) for p in probes])
 
     # -- steps and phases -------------------------------------------------------------------
     def begin_step(self, *, tokens: int | None = None, batch_size: int = 0) -> Step:

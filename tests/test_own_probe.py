@@ -17,9 +17,9 @@ CPU = torch.device("cpu")
 
 def _model_and_loss() -> tuple[torch.nn.Module, object, int]:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
-    x = torch.randn(512, 256)
-    return model, lambda: model(x).pow(2).mean(), 512
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512))
+    x = torch.randn(1024, 512)
+    return model, lambda: model(x).pow(2).mean(), 1024
 
 
 def test_a_low_precision_run_is_probed_at_fp32_and_fp32_at_bf16_only_where_it_is_native() -> None:
@@ -48,3 +48,32 @@ def test_native_bf16_reads_faster_than_fp32_on_large_enough_matmuls() -> None:
     assert probe.change == {"switches.amp.dtype": "bf16"}
     ratios = sorted(probe.step_ratios())
     assert ratios[len(ratios) // 2] < 0.9, ratios
+
+
+def test_a_plain_loop_probes_through_its_run_and_a_failing_probe_costs_only_its_measurement(tmp_path) -> None:
+    from profiler import api, store
+
+    model, loss_of, tokens = _model_and_loss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    profile = {"trace": False, "sample_hz": 0, "warmup_steps": 0}
+    with api.run(name="plain", runs_dir=tmp_path, model=model, profile=profile) as run:
+        for _ in range(3):
+            with run.step(tokens=tokens) as step:
+                loss = loss_of()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                step.loss = loss.detach()
+        run.probe(model, loss_of, tokens=tokens)
+    record = store.read_run(run.dir)
+    assert record["status"] == "completed"
+    assert [p["change"] for p in record.get("own_probes", [])] == ([{"switches.amp.dtype": "bf16"}] if NATIVE else [])
+
+    def broken() -> torch.Tensor:
+        raise RuntimeError("no such batch")
+    with api.run(name="broken", runs_dir=tmp_path, model=model, profile=profile, amp="bf16") as run:
+        with run.step(tokens=tokens):
+            pass
+        run.probe(model, broken, tokens=tokens)
+    record = store.read_run(run.dir)
+    assert record["status"] == "completed" and record["own_probes_error"] == "RuntimeError: no such batch"

@@ -80,6 +80,11 @@ def main() -> None:
                     opt.zero_grad(set_to_none=True)
                 step.loss = loss.detach()
             steps, tokens = steps + 1, tokens + batch[:, :-1].numel()
+        # --- glmperf: the autocast change measured on this model and the last batch (rank 0; a few seconds);
+        # under DDP through the module inside it, whose backward makes no all-reduce the other ranks would wait on
+        inner = model.module if distributed else model
+        x, y = batch[:, :-1], batch[:, 1:]
+        run.probe(inner, lambda: nn.functional.cross_entropy(inner(x).flatten(0, 1), y.flatten()), tokens=x.numel())
 
     rank = int(os.environ.get("RANK", 0))
     print(f"rank {rank} did: steps={steps} tokens={tokens}", flush=True)

@@ -11,13 +11,12 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from profiler import api, store
+from profiler import api
 from profiler.settings import RERUN_OVERRIDES as OVERRIDES
 from profiler.settings import RERUN_RUN_FILE as RUN_FILE
 
@@ -146,25 +145,6 @@ class CallbackRun:
             atexit.register(self._at_exit)
             self._atexit = True
         return self.run
-
-    def probe(self, model: torch.nn.Module, loss_of: Callable[[], torch.Tensor], *, tokens: int, amp: str) -> None:
-        """Measure the advice's changes on the model and a kept batch (profiler.capture.own_probe) and store
-        them in the run (run.json `own_probes`), before it ends and is diagnosed. A probe that fails costs
-        only its measurement: the advice's range stays modelled, and the run says why."""
-        from profiler.capture.own_probe import probe_own  # the probes' imports: only where one runs
-
-        run = self.run
-        if run is None or run.dir is None:
-            return
-        device = next(model.parameters()).device
-        try:
-            probes = probe_own(model, loss_of, tokens=tokens, device=device, amp=amp,
-                               budget_s=run.profile.probe_budget_s)
-        except Exception as exc:  # the user's model, under a change: the training itself already ended well
-            store.update_run(run.dir, own_probes_error=f"{type(exc).__name__}: {exc}")
-            return
-        if probes:
-            store.update_run(run.dir, own_probes=[asdict(p) for p in probes])
 
     def close(self, error: BaseException | None = None) -> None:
         run, self.run = self.run, None

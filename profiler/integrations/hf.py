@@ -132,8 +132,7 @@ def _build() -> type:
         def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
             if model is not None and self._kept is not None and args.process_index == 0:
                 kept = self._kept
-                amp = "bf16" if args.bf16 else "fp16" if args.fp16 else "off"
-                self._run.probe(model, lambda: model(**kept).loss, tokens=batch_tokens(kept), amp=amp)
+                self.run.probe(model, lambda: model(**kept).loss, tokens=batch_tokens(kept))
             self._end(None)
 
         # -- the train dataloader's fetches and the model's forward --------------------------------

@@ -115,9 +115,9 @@ def _build() -> type:
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             if self._kept is not None and trainer.global_rank == 0:
-                kept, amp = self._kept, AMP.get(str(trainer.precision).split("-")[0], "off")
-                self._run.probe(pl_module, lambda: _loss(pl_module.training_step(kept, 0)),
-                                tokens=int(self._tokens_of(kept)), amp=amp)
+                kept = self._kept
+                self.run.probe(pl_module, lambda: _loss(pl_module.training_step(kept, 0)),
+                                tokens=int(self._tokens_of(kept)))
             self._kept = None
             self._run.close(None)
 
