@@ -44,7 +44,7 @@ def test_the_probe_times_forward_and_backward_and_leaves_the_model_as_it_was() -
 @pytest.mark.skipif(not NATIVE, reason="this CPU has no native bf16: an fp32 run is not probed for it")
 def test_native_bf16_reads_faster_than_fp32_on_large_enough_matmuls() -> None:
     model, loss_of, tokens = _model_and_loss()
-    (probe,) = probe_own(model, loss_of, tokens=tokens, device=CPU, amp="off", budget_s=10.0)
+    (probe,) = probe_own(model, loss_of, tokens=tokens, device=CPU, amp="off", budget_s=4.0)
     assert probe.change == {"switches.amp.dtype": "bf16"}
     ratios = sorted(probe.step_ratios())
     assert ratios[len(ratios) // 2] < 0.9, ratios
@@ -55,7 +55,7 @@ def test_a_plain_loop_probes_through_its_run_and_a_failing_probe_costs_only_its_
 
     model, loss_of, tokens = _model_and_loss()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    profile = {"trace": False, "sample_hz": 0, "warmup_steps": 0}
+    profile = {"trace": False, "sample_hz": 0, "warmup_steps": 0, "probe_budget_s": 2.0}
     with api.run(name="plain", runs_dir=tmp_path, model=model, profile=profile) as run:
         for _ in range(3):
             with run.step(tokens=tokens) as step:
