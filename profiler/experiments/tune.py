@@ -171,8 +171,43 @@ class _Round:
     label: str
 
 
-class Tuner:
-    """One tuning session: its record on disk, rewritten after every round, so Ctrl-C keeps it."""
+class Recorded:
+    """A tuning's record on disk (`<runs_dir>/tunes/<id>/tune.json`), rewritten after every round, so Ctrl-C
+    keeps it; `run` runs the rounds (`_rounds`), and records why they stopped early: Ctrl-C, or one of
+    `FAILS` (the tuning cannot go on: its message is the record's `stopped`)."""
+
+    FAILS: tuple[type[Exception], ...] = ()
+    dir: Path
+    record: dict[str, Any]
+    started: float
+
+    def _open(self, runs_dir: Path, name: str, spec: Mapping[str, Any]) -> None:
+        self.started = time.perf_counter()
+        self.dir = records.create(runs_dir, "tune", name, {"status": "running", "spec": dict(spec), "rounds": [],
+                                                           "adopted": []})
+        self.record = records.read(self.dir, "tune")
+
+    def _save(self, **fields: Any) -> None:
+        self.record.update(fields, elapsed_s=round(time.perf_counter() - self.started, 1))
+        records.write(self.dir, "tune", self.record)
+
+    def run(self) -> dict[str, Any]:
+        """Tune until nothing left confirms or a budget is spent; returns the record."""
+        try:
+            return self._rounds()
+        except KeyboardInterrupt:
+            self._save(status="interrupted", stopped="interrupted (Ctrl-C): the rounds done are kept")
+            raise
+        except self.FAILS as exc:
+            self._save(status="failed", stopped=str(exc))
+            raise
+
+    def _rounds(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class Tuner(Recorded):
+    """One tuning session of a profile-run config."""
 
     def __init__(self, spec: TuneSpec, *, runs_dir: Path, progress: bool = True,
                  on_round: Callable[[Mapping[str, Any]], None] | None = None,
@@ -180,19 +215,12 @@ class Tuner:
         self.spec, self.runs_dir, self.progress, self.on_round = spec, runs_dir, progress, on_round
         self.say = say
         """Where a line of progress besides the runs' goes (the probes'); None: nowhere."""
-        self.started = time.perf_counter()
         self.cell_s: list[float] = []
-        self.dir = records.create(runs_dir, "tune", spec.start.name, {"status": "running", "spec": {
+        self._open(runs_dir, spec.start.name, {
             **(spec.source or {}), "repeats": spec.repeats, "max_repeats": spec.most,
             "memory_budget_gib": spec.budget_gib, "time_budget_s": spec.time_budget_s,
             "allow_model_changes": spec.allow_model_changes, "steps": spec.start.train.steps,
-            "probe_budget_s": spec.probe_budget_s}, "rounds": [],
-            "adopted": []})
-        self.record = records.read(self.dir, "tune")
-
-    def _save(self, **fields: Any) -> None:
-        self.record.update(fields, elapsed_s=round(time.perf_counter() - self.started, 1))
-        records.write(self.dir, "tune", self.record)
+            "probe_budget_s": spec.probe_budget_s})
 
     def _cells(self, cells: Sequence[Cell]) -> list[tuple[Cell, Path]]:
         done = []
@@ -206,14 +234,6 @@ class Tuner:
             return False
         expected = cells * sum(self.cell_s) / len(self.cell_s)
         return time.perf_counter() - self.started + expected > self.spec.time_budget_s
-
-    def run(self) -> dict[str, Any]:
-        """Tune until nothing left confirms or a budget is spent; returns the record."""
-        try:
-            return self._rounds()
-        except KeyboardInterrupt:
-            self._save(status="interrupted", stopped="interrupted (Ctrl-C): the rounds done are kept")
-            raise
 
     def _verify(self, round_no: int, run: RunData, rec: Mapping[str, Any], head: dict[str, Any]) -> _Round:
         """Verify `rec` against a fresh run of `run`'s config, adding repeats while the verdict is open."""

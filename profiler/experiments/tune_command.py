@@ -22,7 +22,6 @@ from typing import Any
 from profiler.advice.advise import advise
 from profiler.advice.framework import change_text
 from profiler.analysis import RunData, load_run
-from profiler.experiments import records
 from profiler.experiments.rerun import (
     CommandCell,
     RerunError,
@@ -34,12 +33,15 @@ from profiler.experiments.rerun import (
     run_command,
 )
 from profiler.experiments.sequential import Sequential
-from profiler.experiments.tune import CONFIRMED, order, run_figures
+from profiler.experiments.tune import CONFIRMED, Recorded, order, run_figures
 from profiler.settings import settings_text
 
 
-class CommandTuner:
-    """One tuning of a command: its record on disk, rewritten after every round, so Ctrl-C keeps it."""
+class CommandTuner(Recorded):
+    """One tuning of a command (see the module docstring); a command that cannot verify the advice (it fails,
+    makes no run or does not take a change) stops it, its record `failed`."""
+
+    FAILS = (RerunError,)
 
     def __init__(self, argv: Sequence[str], *, runs_dir: Path, repeats: int = 2, most: int = 6, max_rounds: int = 8,
                  time_budget_s: float | None = None, allow_model_changes: bool = False, progress: bool = True,
@@ -47,33 +49,16 @@ class CommandTuner:
         self.argv, self.runs_dir, self.repeats, self.most = list(argv), runs_dir, repeats, most
         self.max_rounds, self.time_budget_s, self.allow = max_rounds, time_budget_s, allow_model_changes
         self.progress, self.on_round = progress, on_round
-        self.started = time.perf_counter()
         self.runs = 0
-        self.dir = records.create(runs_dir, "tune", "command", {"status": "running", "spec": {
-            "command": self.argv, "repeats": repeats, "max_repeats": most, "max_rounds": max_rounds,
-            "time_budget_s": time_budget_s, "allow_model_changes": allow_model_changes}, "rounds": [], "adopted": []})
-        self.record = records.read(self.dir, "tune")
-
-    def _save(self, **fields: Any) -> None:
-        self.record.update(fields, elapsed_s=round(time.perf_counter() - self.started, 1))
-        records.write(self.dir, "tune", self.record)
+        self._open(runs_dir, "command", {"command": self.argv, "repeats": repeats, "max_repeats": most,
+                                         "max_rounds": max_rounds, "time_budget_s": time_budget_s,
+                                         "allow_model_changes": allow_model_changes})
 
     def _over_time(self, runs: int) -> bool:
         if self.time_budget_s is None or not self.runs:
             return False
         spent = time.perf_counter() - self.started
         return spent + runs * spent / self.runs > self.time_budget_s
-
-    def run(self) -> dict[str, Any]:
-        """Tune until nothing left confirms or a budget is spent; returns the record."""
-        try:
-            return self._rounds()
-        except KeyboardInterrupt:
-            self._save(status="interrupted", stopped="interrupted (Ctrl-C): the rounds done are kept")
-            raise
-        except RerunError as exc:  # the command failed, made no run or did not take a change: the rounds done stay
-            self._save(status="failed", stopped=str(exc))
-            raise
 
     def _run_all(self, cells: Sequence[CommandCell]) -> Iterator[tuple[CommandCell, Path]]:
         for cell, run_dir in execute(self.argv, runs_dir=self.runs_dir, progress=self.progress)(cells):
