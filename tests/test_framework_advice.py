@@ -1,7 +1,8 @@
 """Advice for one's own training, in its own terms: real Hugging Face Trainer, Lightning and plain-loop
 runs of small models built from a config, on the CPU, advised the changes their bottlenecks call for as
 TrainingArguments, Trainer arguments or lines of PyTorch, each with the range the catalog models for its
-equivalent switch on the run's own breakdown, and never a change the run has made already.
+equivalent switch on the run's own breakdown, or, for the autocast change, the range measured on the
+model at its train end, and never a change the run has made already.
 
 The Trainer's runs read a dataset that sleeps in `__getitem__` (an input-bound step): one with no loader
 workers and fp32 matmuls, and one of a smaller model with a worker and bf16, the changes the first is
@@ -146,7 +147,12 @@ def test_fp32_matmuls_on_a_native_bf16_cpu_are_advised_bf16_in_training_argument
     bf16_pays(plain)
     rec = next(r for r in recs(plain) if r["set"] == {"TrainingArguments.bf16": True})
     assert rec["change"]["text"] == "TrainingArguments(..., bf16=True)" and rec["risk"] == "numerics"
-    assert rec["expected"]["tokens_per_s"] == catalog_range("amp", {"switches.amp.dtype": "bf16"}, plain)
+    # measured at the train end on the model and its first batch, through this run's breakdown
+    (probe,) = plain.record["own_probes"]
+    assert probe["change"] == {"switches.amp.dtype": "bf16"} and probe["cand"][0]["forward"] > 0
+    assert rec["expected"]["source"] == "measured"
+    assert rec["expected"]["basis"].startswith("on your model and a batch of this run, at its train end: probe: ")
+    assert rec["expected"]["tokens_per_s"] != catalog_range("amp", {"switches.amp.dtype": "bf16"}, plain)
     # a run with bf16 already is never advised it, even were its step compute bound: the change is passed by
     assert {"TrainingArguments.bf16": True} in sets(assumed(plain, Bottleneck.COMPUTE_BOUND)["recommendations"])
     assert tuned.config["framework"]["settings"]["bf16"] is True and tuned.peak["dtype"] == "bf16"
@@ -182,6 +188,7 @@ def test_a_lightning_run_is_advised_its_trainers_precision(tmp_path: Path) -> No
     rec = next(r for r in recs(run) if r["switch"] == "amp")
     assert rec["set"] == {"L.Trainer.precision": "bf16-mixed"}
     assert rec["change"]["text"] == 'L.Trainer(..., precision="bf16-mixed")'
+    assert rec["expected"]["source"] == "measured"  # through training_step on its first batch, at the train end
 
 
 class FastCounting(SlowCounting):
