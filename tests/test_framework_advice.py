@@ -177,7 +177,8 @@ def test_a_lightning_run_is_advised_its_trainers_precision(tmp_path: Path) -> No
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
     loader = torch.utils.data.DataLoader(FastCounting(), batch_size=BATCH)
-    callback = GlmperfCallback(name="lightning", runs_dir=tmp_path, profile=PROFILE)
+    callback = GlmperfCallback(name="lightning", runs_dir=tmp_path, profile=PROFILE,
+                               probe_loss=lambda module, batch: module.training_step(batch, 0))
     L.Trainer(max_steps=STEPS, callbacks=[callback], logger=False, enable_checkpointing=False, accelerator="cpu",
               enable_progress_bar=False, enable_model_summary=False).fit(LM(), loader)
     run = load_run(callback.last_run.dir)
@@ -188,7 +189,7 @@ def test_a_lightning_run_is_advised_its_trainers_precision(tmp_path: Path) -> No
     rec = next(r for r in recs(run) if r["switch"] == "amp")
     assert rec["set"] == {"L.Trainer.precision": "bf16-mixed"}
     assert rec["change"]["text"] == 'L.Trainer(..., precision="bf16-mixed")'
-    assert rec["expected"]["source"] == "measured"  # through training_step on its first batch, at the train end
+    assert rec["expected"]["source"] == "measured"  # through its probe_loss on its first batch, at the train end
 
 
 class FastCounting(SlowCounting):
@@ -233,7 +234,7 @@ def test_recommend_prints_and_the_report_and_dashboard_show_the_exact_change(hf_
     change = next(r["change"] for r in printed if r["switch"] == "dataloader")
     assert change["text"] == "TrainingArguments(..., dataloader_num_workers=2)"
     code, out = glmperf("recommend", str(run.path), capsys=capsys)
-    assert code == 0 and f"change: {change['text']}" in out and f"glmperf compare {run.id} NEW_RUN" in out
+    assert code == 0 and f"change: {change['text']}" in out and f"glmperf recommend {run.id} --verify -- COMMAND" in out
     report = html.unescape((run.path / "report.html").read_text(encoding="utf-8"))  # written when it ended
     assert change["text"] in report
 

@@ -22,9 +22,12 @@ Under `glmperf recommend RUN --verify -- COMMAND` (profiler.experiments.rerun), 
 has every Trainer built afterwards take the arguments the rerun asks for (precision,
 accumulate_grad_batches).
 
-At the train end, the callback measures the advice's autocast change on the module and the first
-training batch through `training_step` (profiler.capture.own_probe; `profile={"probe_budget_s": 0}`
-turns it off).
+Given `probe_loss` (a function of the module and a batch returning its loss, e.g. `lambda m, b:
+m.training_step(b, 0)` where training_step has no side effects: no counters, no metrics' state, no
+`self.log`), the callback measures the advice's autocast change on the module and the first training
+batch at the train end (profiler.capture.own_probe; `profile={"probe_budget_s": 0}` turns it off).
+Without it nothing is probed: a training_step called outside the loop could change what the module
+counts or logs.
 
 The run records the Trainer's precision, accumulate_grad_batches and strategy, whether the module
 was compiled, its optimizer (class, fused) and the train DataLoader's num_workers, pin_memory and
@@ -35,6 +38,7 @@ error, `interrupted` on Ctrl-C), with every step measured before it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,9 +54,11 @@ def _build() -> type:
     class GlmperfCallback(base):
         """Measures a Lightning Trainer's fit as a glmperf run (see the module docstring)."""
 
-        def __init__(self, *, tokens_of: TokensOf | None = None, **options: Any) -> None:
+        def __init__(self, *, tokens_of: TokensOf | None = None,
+                     probe_loss: Callable[[Any, Any], Any] | None = None, **options: Any) -> None:
             self._run = CallbackRun(options)
             self._tokens_of = tokens_of or batch_tokens
+            self._probe_loss = probe_loss
             self._losses: list[Any] = []
             self._kept: Any = None
 
@@ -114,10 +120,9 @@ def _build() -> type:
             self.run.end_step()
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-            if self._kept is not None and trainer.global_rank == 0:
-                kept = self._kept
-                self.run.probe(pl_module, lambda: _loss(pl_module.training_step(kept, 0)),
-                                tokens=int(self._tokens_of(kept)))
+            if self._probe_loss is not None and self._kept is not None and trainer.global_rank == 0:
+                kept, loss_of = self._kept, self._probe_loss
+                self.run.probe(pl_module, lambda: _loss(loss_of(pl_module, kept)), tokens=int(self._tokens_of(kept)))
             self._kept = None
             self._run.close(None)
 
