@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler import store
+from profiler.advice.framework import framework_of
 from profiler.analysis import RunData
 from profiler.experiments.sequential import Execute, Sequential
 from profiler.experiments.verify import Trial, Trials, store_verification
@@ -71,7 +72,7 @@ def command_trials(run: RunData, recommendations: Sequence[Mapping[str, Any]], *
     """The baseline and each recommendation a rerun can make, their interleaved cells; the others refused
     with why. `base`: overrides every side runs with (the changes a tuning adopted); `links`: more run.json
     links for every run. Raises RerunError when the run's framework takes none."""
-    framework = str((run.config.get("framework") or {}).get("name") or "torch")
+    framework = framework_of(run)[0].name
     if framework not in TAKES:
         raise RerunError(f"run {run.id} is a plain training loop: its changes are code, which a rerun cannot make; "
                          f"make the change, run again and compare the runs: glmperf compare {run.id} NEW_RUN")

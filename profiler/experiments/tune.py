@@ -180,9 +180,12 @@ class Recorded:
     dir: Path
     record: dict[str, Any]
     started: float
+    time_budget_s: float | None
+    ran_s: list[float]
+    """Seconds from the start to the end of each run the tuning made."""
 
     def _open(self, runs_dir: Path, name: str, spec: Mapping[str, Any]) -> None:
-        self.started = time.perf_counter()
+        self.started, self.ran_s = time.perf_counter(), []
         self.dir = records.create(runs_dir, "tune", name, {"status": "running", "spec": dict(spec), "rounds": [],
                                                            "adopted": []})
         self.record = records.read(self.dir, "tune")
@@ -190,6 +193,17 @@ class Recorded:
     def _save(self, **fields: Any) -> None:
         self.record.update(fields, elapsed_s=round(time.perf_counter() - self.started, 1))
         records.write(self.dir, "tune", self.record)
+
+    def _ran(self) -> None:
+        """One more run done."""
+        self.ran_s.append(time.perf_counter() - self.started)
+
+    def _over_time(self, runs: int) -> bool:
+        """Whether `runs` more runs, each as long as the runs so far on average, would overrun the time budget."""
+        if self.time_budget_s is None or not self.ran_s:
+            return False
+        expected = runs * self.ran_s[-1] / len(self.ran_s)
+        return time.perf_counter() - self.started + expected > self.time_budget_s
 
     def run(self) -> dict[str, Any]:
         """Tune until nothing left confirms or a budget is spent; returns the record."""
@@ -215,7 +229,7 @@ class Tuner(Recorded):
         self.spec, self.runs_dir, self.progress, self.on_round = spec, runs_dir, progress, on_round
         self.say = say
         """Where a line of progress besides the runs' goes (the probes'); None: nowhere."""
-        self.cell_s: list[float] = []
+        self.time_budget_s = spec.time_budget_s
         self._open(runs_dir, spec.start.name, {
             **(spec.source or {}), "repeats": spec.repeats, "max_repeats": spec.most,
             "memory_budget_gib": spec.budget_gib, "time_budget_s": spec.time_budget_s,
@@ -226,14 +240,8 @@ class Tuner(Recorded):
         done = []
         for cell, run_dir in run_cells(cells, runs_dir=self.runs_dir, progress=self.progress):
             done.append((cell, run_dir))
-            self.cell_s.append(time.perf_counter() - self.started - sum(self.cell_s))
+            self._ran()
         return done
-
-    def _over_time(self, cells: int) -> bool:
-        if self.spec.time_budget_s is None or not self.cell_s:
-            return False
-        expected = cells * sum(self.cell_s) / len(self.cell_s)
-        return time.perf_counter() - self.started + expected > self.spec.time_budget_s
 
     def _verify(self, round_no: int, run: RunData, rec: Mapping[str, Any], head: dict[str, Any]) -> _Round:
         """Verify `rec` against a fresh run of `run`'s config, adding repeats while the verdict is open."""
@@ -311,7 +319,7 @@ class Tuner(Recorded):
                                                  adopted)
         tuned = {"settings": {k: v for s in adopted for k, v in records.canonical(s).items()},
                  "config": current.to_dict(), "start": run_figures(first), "end": run_figures(newest),
-                 "tuning_s": round(time.perf_counter() - self.started, 1), "runs": len(self.cell_s)}
+                 "tuning_s": round(time.perf_counter() - self.started, 1), "runs": len(self.ran_s)}
         self._save(status="completed", stopped=stopped, tuned=tuned)
         return self.record
 

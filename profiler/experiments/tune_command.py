@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler.advice.advise import advise
-from profiler.advice.framework import change_text
+from profiler.advice.framework import change_text, framework_of
 from profiler.analysis import RunData, load_run
 from profiler.experiments.rerun import (
     CommandCell,
@@ -49,27 +49,22 @@ class CommandTuner(Recorded):
         self.argv, self.runs_dir, self.repeats, self.most = list(argv), runs_dir, repeats, most
         self.max_rounds, self.time_budget_s, self.allow = max_rounds, time_budget_s, allow_model_changes
         self.progress, self.on_round = progress, on_round
-        self.runs = 0
+        self.base: dict[str, dict[str, Any]] = {}
+        """The adopted changes, as the overrides every later rerun passes."""
         self._open(runs_dir, "command", {"command": self.argv, "repeats": repeats, "max_repeats": most,
                                          "max_rounds": max_rounds, "time_budget_s": time_budget_s,
                                          "allow_model_changes": allow_model_changes})
 
-    def _over_time(self, runs: int) -> bool:
-        if self.time_budget_s is None or not self.runs:
-            return False
-        spent = time.perf_counter() - self.started
-        return spent + runs * spent / self.runs > self.time_budget_s
-
     def _run_all(self, cells: Sequence[CommandCell]) -> Iterator[tuple[CommandCell, Path]]:
         for cell, run_dir in execute(self.argv, runs_dir=self.runs_dir, progress=self.progress)(cells):
-            self.runs += 1
+            self._ran()
             yield cell, run_dir
 
     def _rounds(self) -> dict[str, Any]:
         tune = {"tune": {"id": self.dir.name, "round": 0, "trial": "start"}}
         first = newest = load_run(run_command(self.argv, CommandCell("start", {}, tune), runs_dir=self.runs_dir,
                                               progress=self.progress))
-        self.runs += 1
+        self._ran()
         self._save(start_run=first.id)
         adopted: list[dict[str, Any]] = []
         tried: set[str] = set()
@@ -77,7 +72,7 @@ class CommandTuner(Recorded):
         for round_no in range(1, self.max_rounds + 1):
             advice = advise(newest, allow_model_changes=self.allow)
             todo = order([r for r in advice["recommendations"] if settings_text(r["set"]) not in tried
-                          and not isinstance(overrides_of(_framework(newest), r["set"]), str)])
+                          and not isinstance(overrides_of(framework_of(newest)[0].name, r["set"]), str)])
             if not todo:
                 stopped = f"nothing left a rerun can try: {advice['verdict']}"
                 break
@@ -88,10 +83,10 @@ class CommandTuner(Recorded):
             tried.add(settings_text(rec["set"]))
             newest = self._round(round_no, newest, rec, adopted, advice["verdict"])
         said = {k: v for s in adopted for k, v in s.items()}
-        tuned = {"settings": said, "overrides": _overrides(first, adopted),
+        tuned = {"settings": said, "overrides": self.base,
                  "change": change_text(said, str(first.device)) if said else "",
                  "start": run_figures(first), "end": run_figures(newest),
-                 "tuning_s": round(time.perf_counter() - self.started, 1), "runs": self.runs}
+                 "tuning_s": round(time.perf_counter() - self.started, 1), "runs": len(self.ran_s)}
         self._save(status="completed", stopped=stopped, tuned=tuned)
         return self.record
 
@@ -99,16 +94,16 @@ class CommandTuner(Recorded):
                diagnosis: str) -> RunData:
         """Verify `rec` with the adopted changes against them alone; the newest run after it."""
         t0 = time.perf_counter()
-        base = _overrides(newest, adopted)
         links = {"tune": {"id": self.dir.name, "round": round_no}}
-        trials = command_trials(newest, [rec], repeats=self.repeats, base=base, links=links)
-        seq = Sequential(trials, most=self.most, more=functools.partial(more_cells, base=base, links=links),
+        trials = command_trials(newest, [rec], repeats=self.repeats, base=self.base, links=links)
+        seq = Sequential(trials, most=self.most, more=functools.partial(more_cells, base=self.base, links=links),
                          keep_spread=False)
         result = seq.run(self._run_all, may_add=lambda cells: not self._over_time(cells))["results"][0]
         runs = seq.runs()
         take = result["verdict"] == CONFIRMED
         if take:
             adopted.append(dict(rec["set"]))
+            self.base = merged(self.base, (trials.trials[-1].recommendation or {})["overrides"])
         entry = {"round": round_no, "kind": "change", "diagnosed_run": newest.id, "diagnosis": diagnosis,
                  "tried": dict(rec["set"]), "for": rec["for"], "expected": rec["expected"], "result": result,
                  "repeats": result["repeats"], "decision": "adopted" if take else "refused",
@@ -119,13 +114,3 @@ class CommandTuner(Recorded):
             self.on_round(entry)
         side = runs.get(trials.trials[-1].label if take else "baseline") or [newest]
         return side[0]
-
-
-def _framework(run: RunData) -> str:
-    return str((run.config.get("framework") or {}).get("name"))
-
-
-def _overrides(run: RunData, adopted: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The adopted changes as the overrides every later rerun passes."""
-    made = [overrides_of(_framework(run), s) for s in adopted]
-    return merged(*(o for o in made if not isinstance(o, str)))
