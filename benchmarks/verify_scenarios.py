@@ -7,8 +7,8 @@ its top recommendation, then `glmperf recommend RUN --verify --top 1` (profiler.
 baseline and the changed config, interleaved, `--repeats` runs each). The table sets the expected
 range next to the measured change and its interval, with the verdict; "inside" says whether the
 measured change lies in the expected range (a stability remedy has none). The scenarios share a cache of
-their own: the first probed range has no run-to-run spread of this machine yet, and each verification's
-runs add to it ("run-to-run sigma": what widened the range).
+their own: the first probed range has only the prior run-to-run spread (profiler.advice.spread), and
+each verification's runs add to it ("run-to-run sigma": what widened the range).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from profiler import store
 from profiler.advice.advise import advise
 from profiler.advice.measured import ProbeBudget, contention, gain_from_probe
 from profiler.advice.probes import Probe, Prober, keep
-from profiler.advice.spread import Spread, record, run_to_run
+from profiler.advice.spread import PRIOR_DOF, PRIOR_SIGMA, Spread, record, run_to_run
 from profiler.analysis import load_run
 from profiler.analysis.figures import Figure
 from profiler.metrics import PHASE_NAMES
@@ -108,18 +108,27 @@ def test_recorded_verifications_widen_the_advice_and_say_so(completed_run: Path,
     keep(prober.key(change), _probe({"data": 2e-4, "forward": 1e-4}, {"data": 1e-5, "forward": 1e-4}))
     prober.close()
     alone = advise(run, probes=ProbeBudget(total_s=0.0))["recommendations"][0]["expected"]
-    assert "not measured yet" in alone["basis"] and alone["run_to_run"] == {}
-    # two verifications' repeated runs of one config each, tokens/s as a verification stores them
+    # no verification yet: the prior stands in, and the basis says it is assumed
+    assert alone["run_to_run"]["tokens_per_s"] == {"sigma_pct": 100 * PRIOR_SIGMA, "runs": 0,
+                                                   "prior_sigma_pct": 100 * PRIOR_SIGMA, "prior_dof": PRIOR_DOF}
+    assert f"tokens_per_s {100 * PRIOR_SIGMA:.1f}% assumed (not measured on this machine yet" in alone["basis"]
+    # two verifications' repeated runs of one config each, tokens/s as a verification stores them: their
+    # 3 degrees of freedom pooled with the prior's
     record({"tokens_per_s": [[1000.0, 1040.0, 980.0], [500.0, 530.0]]}, run.device)
     logs = [[math.log(x) for x in g] for g in ([1000.0, 1040.0, 980.0], [500.0, 530.0])]
-    sigma = math.sqrt(sum(sum((x - sum(g) / len(g)) ** 2 for x in g) for g in logs) / 3)
+    squares = sum(sum((x - sum(g) / len(g)) ** 2 for x in g) for g in logs)
+    sigma = math.sqrt((squares + PRIOR_DOF * PRIOR_SIGMA**2) / (3 + PRIOR_DOF))
     assert run_to_run("tokens_per_s", run.device) == Spread(pytest.approx(sigma), runs=5, groups=2)
+    # many quiet runs outweigh the prior: the range narrows towards what they measured
+    record({"tokens_per_s": [[1000.0, 1001.0, 999.0]] * 30}, run.device)
+    quiet = run_to_run("tokens_per_s", run.device)
+    assert quiet.sigma < sigma / 2 and quiet.runs == 95
     widened = advise(run, probes=ProbeBudget(total_s=0.0))["recommendations"][0]["expected"]
     tps, before = widened["tokens_per_s"], alone["tokens_per_s"]
     assert tps["point"] == pytest.approx(before["point"])
-    assert tps["low"] < before["low"] and tps["high"] > before["high"]
-    assert widened["run_to_run"] == {"tokens_per_s": {"sigma_pct": round(100 * sigma, 2), "runs": 5}}
-    assert f"tokens_per_s {100 * sigma:.1f}% over 5 runs" in widened["basis"]
+    assert tps["low"] > before["low"] and tps["high"] < before["high"]
+    assert widened["run_to_run"]["tokens_per_s"]["runs"] == 95
+    assert f"tokens_per_s {100 * quiet.sigma:.1f}% over 95 runs (with a 5% prior as 4 runs)" in widened["basis"]
 
 
 @pytest.fixture(scope="module")

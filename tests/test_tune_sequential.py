@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from profiler import store
-from profiler.advice.spread import Spread, run_to_run
+from profiler.advice.spread import PRIOR_DOF, PRIOR_SIGMA, Spread, run_to_run
 from profiler.analysis import load_run
 from profiler.cli import tune as cli_tune
 from profiler.cli.tune import _print as print_tune
@@ -128,7 +128,8 @@ def test_a_change_of_nothing_runs_to_the_most_repeats_and_stays_inconclusive(tmp
     tps = [[store.read_run(Path(r["path"]))["summary"]["tokens_per_s"] for r in store.list_runs(tmp_path / "cells")
             if r["verifies"]["trial"] == trial] for trial in ("baseline", "io_delay_ms")]
     logs = [[math.log(x) for x in group] for group in tps]
-    pooled = math.sqrt(sum(sum((x - sum(g) / 4) ** 2 for x in g) for g in logs) / 6)
+    squares = sum(sum((x - sum(g) / 4) ** 2 for x in g) for g in logs)
+    pooled = math.sqrt((squares + PRIOR_DOF * PRIOR_SIGMA**2) / (6 + PRIOR_DOF))  # with the prior's weight
     assert run_to_run("tokens_per_s", "cpu") == Spread(pytest.approx(pooled), runs=8, groups=2)
     # a time budget that allows no more cells stops it at the first look
     asked: list[int] = []

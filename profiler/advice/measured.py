@@ -179,7 +179,7 @@ def _comm(candidate: Candidate | None, figures: Figures) -> tuple[tuple[float, f
 
 
 def expected_from_probe(rec: Mapping[str, Any], probe: Probe, figures: Figures, *, was_cached: bool,
-                        spreads: Mapping[str, Spread | None] | None = None, rank_tokens: float = 0.0
+                        spreads: Mapping[str, Spread] | None = None, rank_tokens: float = 0.0
                         ) -> dict[str, Any]:
     """A recommendation's `expected` from its probe: the modelled one's keys, `source` "measured", the
     probe's own figures, and `modelled_parts` for what stays modelled (communication; memory a probe of
@@ -216,7 +216,7 @@ def expected_from_probe(rec: Mapping[str, Any], probe: Probe, figures: Figures, 
                   "that excess may stay or shrink with the communication")
     used = {m: s for m, s in spreads.items() if m == "tokens_per_s" or "peak_memory" not in parts}
     basis += _spread_text(used)
-    out["run_to_run"] = {m: {"sigma_pct": round(100 * s.sigma, 2), "runs": s.runs} for m, s in used.items() if s}
+    out["run_to_run"] = {m: s.as_json() for m, s in used.items()}
     out.update(basis=basis, source="measured", modelled_parts=parts,
                probe={"rounds": probe.rounds, "cost_s": round(probe.cost_s, 1), "one_off_s": round(probe.one_off_s, 1),
                       "cached": was_cached, "stopped": probe.stopped, "machine": probe.machine,
@@ -224,14 +224,12 @@ def expected_from_probe(rec: Mapping[str, Any], probe: Probe, figures: Figures, 
     return out
 
 
-def _spread_text(spreads: Mapping[str, Spread | None]) -> str:
+def _spread_text(spreads: Mapping[str, Spread]) -> str:
     """How the ranges allow for a fresh run's spread on this machine, for the basis."""
-    known = {m: s for m, s in spreads.items() if s}
-    if not known:
-        return ("; the run-to-run spread of this machine is not measured yet (a verification measures it): "
-                "the range is the probe's alone")
+    if not spreads:
+        return "; the range is the probe's alone"
     return "; widened for the next run against this one (this machine's run-to-run spread: " + ", ".join(
-        f"{m} {100 * s.sigma:.1f}% over {s.runs} runs" for m, s in known.items()) + ")"
+        f"{m} {s.text()}" for m, s in spreads.items()) + ")"
 
 
 def _rank_tokens(run: RunData) -> float:
@@ -306,8 +304,7 @@ def probe_advice(run: RunData, advice: Mapping[str, Any], figures: Figures, budg
     spent, measured, reused = 0.0, 0, 0
     threads = int(run.rank(0).get("torch_threads") or 0) or None
     spreads = {m: run_to_run(m, run.device) for m in ("tokens_per_s", "peak_memory")}
-    speed = spreads["tokens_per_s"]
-    width = max(RELATIVE_WIDTH, run_to_run_width(speed.sigma)) if speed else RELATIVE_WIDTH
+    width = max(RELATIVE_WIDTH, run_to_run_width(spreads["tokens_per_s"].sigma))
     with Prober(run.config, device=run.device, threads=threads) as prober:
         order = sorted(advice["recommendations"], key=lambda r: any(k.startswith(DEAREST) for k in r["set"]))
         for original in order:

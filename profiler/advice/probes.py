@@ -45,9 +45,12 @@ from profiler.store.files import StoreError, write_json_atomic
 from reference_model.context import resolve_device
 from reference_model.trainer import Trainer
 
-WARMUP = 2
-"""Steps of each side set apart before the rounds: compile, allocator growth, the loader's first batch."""
-MIN_ROUNDS = 6
+WARMUP = 1
+"""Steps of each side set apart before the rounds: compile, allocator growth, the loader's first batch. A
+later step that still pays some of it is one round of several, and rounds are judged by their median."""
+MIN_ROUNDS = 3
+"""Fewest rounds: enough for a median; more are added only while the interval is wider than the range a
+user can expect anyway (the machine's run-to-run spread), so a probe on a noisy machine costs little."""
 MAX_ROUNDS = 16
 RELATIVE_WIDTH = 0.06
 """Stop adding rounds once the step-time ratio's 90% interval is this narrow, relative to the ratio."""

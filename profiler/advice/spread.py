@@ -8,7 +8,9 @@ after another), which no probe sees. So every verification (`glmperf recommend -
 tune`) keeps what its repeated runs showed: per metric, the pooled variance of log(value) within each
 group of runs of one config. An expected range is then the probe's interval widened by this machine's
 spread (profiler.advice.measured), and a probe stops adding rounds once it is narrower than that
-spread. Until a verification has run on a machine, ranges say that its spread is not measured yet.
+spread. Until verifications have measured a machine, a prior stands in (PRIOR_SIGMA, weighing as PRIOR_DOF
+degrees of freedom, pooled with what was measured): a range as if fresh runs never varied promises what
+no run keeps, and a sigma from one verification's handful of runs can be far too small.
 
 Kept in $GLMPERF_CACHE/spread/<machine>.json (the device, its name and ISA flags), the last GROUPS groups.
 """
@@ -33,9 +35,12 @@ from profiler.store.files import StoreError, write_json_atomic
 METRICS = ("tokens_per_s", "peak_memory")
 GROUPS = 64
 """Groups kept per metric: recent verifications speak for the machine as it is now."""
-MIN_DOF = 2
-"""Degrees of freedom below which no spread is claimed: one verification of 3 repeats a side (one run a side
-traced, kept apart) gives 2; a rough sigma then is nearer the truth than none (a range as if runs never varied)."""
+PRIOR_SIGMA = 0.05
+"""The spread assumed before a machine is measured: about the middle of what verifications measured on the
+machines glmperf is developed on (sigma of log(tokens/s) 1.1% to 4.2% on 2 vCPUs of a quiet Intel Xeon,
+7.3% to 14.3% on 2 vCPUs of an AMD EPYC: docs/BENCHMARKS.md section 7)."""
+PRIOR_DOF = 4
+"""The prior's weight, in degrees of freedom: two verifications of 3 runs a side outweigh it."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,20 @@ class Spread:
     sigma: float
     """Standard deviation of log(value) of one run: about the relative spread (0.04: 4%)."""
     runs: int
+    """Runs measured on this machine (0: the prior alone)."""
     groups: int
+
+    def as_json(self) -> dict[str, float | int]:
+        """What `expected.run_to_run` says of it."""
+        return {"sigma_pct": round(100 * self.sigma, 2), "runs": self.runs,
+                "prior_sigma_pct": round(100 * PRIOR_SIGMA, 2), "prior_dof": PRIOR_DOF}
+
+    def text(self) -> str:
+        """The spread as a range's basis says it."""
+        sigma = f"{100 * self.sigma:.1f}%"
+        if not self.runs:
+            return f"{sigma} assumed (not measured on this machine yet: a verification measures it)"
+        return f"{sigma} over {self.runs} runs (with a {100 * PRIOR_SIGMA:.0f}% prior as {PRIOR_DOF} runs)"
 
 
 def _file(device: torch.device | str) -> Path | None:
@@ -97,10 +115,10 @@ def record_runs(groups: Iterable[Sequence[RunData]]) -> None:
                done[0][0].device)
 
 
-def run_to_run(metric: str, device: torch.device | str) -> Spread | None:
-    """The pooled spread of `metric` over this machine's recorded groups, or None (too few runs yet)."""
+def run_to_run(metric: str, device: torch.device | str) -> Spread:
+    """The pooled spread of `metric` over this machine's recorded groups and the prior (the posterior mean
+    of the variance under a scaled inverse chi-square prior)."""
     groups = _read(_file(device)).get(metric, [])
     dof = sum(d for _, d in groups)
-    if dof < MIN_DOF:
-        return None
-    return Spread(math.sqrt(sum(ss for ss, _ in groups) / dof), runs=int(dof + len(groups)), groups=len(groups))
+    variance = (sum(ss for ss, _ in groups) + PRIOR_DOF * PRIOR_SIGMA**2) / (dof + PRIOR_DOF)
+    return Spread(math.sqrt(variance), runs=int(dof + len(groups)), groups=len(groups))
