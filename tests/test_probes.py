@@ -19,7 +19,7 @@ import pytest
 from profiler import store
 from profiler.advice.advise import advise
 from profiler.advice.measured import ProbeBudget, contention, gain_from_probe
-from profiler.advice.probes import Probe, Prober, keep
+from profiler.advice.probes import MIN_ROUNDS, Probe, Prober, keep
 from profiler.advice.spread import PRIOR_DOF, PRIOR_SIGMA, Spread, record, run_to_run
 from profiler.analysis import load_run
 from profiler.analysis.figures import Figure
@@ -158,7 +158,7 @@ def test_a_no_trace_fp32_run_gets_bf16_measured_where_the_cpu_runs_it_natively_v
         (rec,) = bf16
         tps = rec["expected"]["tokens_per_s"]
         assert rec["expected"]["source"] == "measured" and tps["low"] > 0, rec["expected"]
-        assert rec["expected"]["probe"]["rounds"] >= 6 and not rec["expected"]["probe"]["cached"]
+        assert rec["expected"]["probe"]["rounds"] >= MIN_ROUNDS and not rec["expected"]["probe"]["cached"]
         # kept in run.json, where the report and the dashboard read it
         stored = store.read_run(Path(run["path"]))["diagnosis"]["recommendations"]
         assert [r["expected"]["source"] for r in stored if r["set"] == rec["set"]] == ["measured"]
