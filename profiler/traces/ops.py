@@ -22,18 +22,19 @@ LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 
 def _parents(ts: np.ndarray, end: np.ndarray, thread: np.ndarray) -> np.ndarray:
     """For events sorted by (thread, ts, -dur): the index of each one's innermost container, or -1."""
-    parent = np.full(len(ts), -1, dtype=np.int64)
+    parent = [-1] * len(ts)
+    ends = end.tolist()  # Python floats: a numpy element read per step would cost more than the loop
     stack: list[int] = []
     last_thread = None
-    for i, (t, e, th) in enumerate(zip(ts.tolist(), end.tolist(), thread.tolist(), strict=True)):
+    for i, (t, e, th) in enumerate(zip(ts.tolist(), ends, thread.tolist(), strict=True)):
         if th != last_thread:
             stack, last_thread = [], th
-        while stack and end[stack[-1]] <= t:
+        while stack and ends[stack[-1]] <= t:
             stack.pop()
-        if stack and e <= end[stack[-1]]:
+        if stack and e <= ends[stack[-1]]:
             parent[i] = stack[-1]
         stack.append(i)
-    return parent
+    return np.asarray(parent, dtype=np.int64)
 
 
 def op_rows(trace: Trace, rank: int, steps: int) -> pd.DataFrame:
@@ -56,10 +57,12 @@ def op_rows(trace: Trace, rank: int, steps: int) -> pd.DataFrame:
     launched[is_op] = 0.0
     has_parent = (~is_op) & (parent >= 0)
     self_device = np.bincount(parent[has_parent], weights=launched[has_parent], minlength=len(host))
-    total_device = self_device.copy()
-    for i in np.argsort(host["ts"].to_numpy(), kind="stable")[::-1]:  # children start after their parents
-        if parent[i] >= 0 and is_op[i]:
-            total_device[parent[i]] += total_device[i]
+    total = self_device.tolist()
+    up, op = parent.tolist(), is_op.tolist()
+    for i in np.argsort(host["ts"].to_numpy(), kind="stable")[::-1].tolist():  # children start after parents
+        if up[i] >= 0 and op[i]:
+            total[up[i]] += total[i]
+    total_device = np.asarray(total)
     host, dur, child_time = host[is_op], dur[is_op], child_time[is_op]
     self_device, total_device = self_device[is_op], total_device[is_op]
     names = np.asarray(trace.names, dtype=object)
