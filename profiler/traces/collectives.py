@@ -220,13 +220,14 @@ def _kind_by_name(name: str) -> str:
 
 
 def _arg_events(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The collective events' args (comm_args.described): the host's (`record_param_comms`, with `thread`,
-    `ts`, `dur`, in time order), and each launch's (index: its correlation): the kernel's own, else those of
-    the host's event its launch call was made in."""
+    """The collective events' args (comm_args.described): the host's of a known kind (`record_param_comms`,
+    with `thread`, `ts`, `dur`, in time order; not a work's `wait`, whose group size is 1), and each launch's
+    (index: its correlation): the kernel's own, else those of the host's event its launch call was made in."""
     args = comm_args.described(trace.comms)
     ev = trace.events.iloc[args["row"].to_numpy()]
     on_gpu = ev["stream"].to_numpy() >= 0
-    host = args[~on_gpu].assign(**{c: ev[c].to_numpy()[~on_gpu] for c in ("thread", "ts", "dur")})
+    known = ~on_gpu & args["kind"].notna().to_numpy()
+    host = args[known].assign(**{c: ev[c].to_numpy()[known] for c in ("thread", "ts", "dur")})
     host = host.sort_values("ts", kind="stable", ignore_index=True)
     corr = ev["correlation"].to_numpy()
     own = args[on_gpu & (corr >= 0)].set_axis(corr[on_gpu & (corr >= 0)])
@@ -259,8 +260,8 @@ def _gpu_times(window: Window, launched: pd.Series, named: pd.Series
     comm = gpu[gpu["kind"] == COMMUNICATION]
     comp = gpu[gpu["kind"] == COMPUTATION]
     busy = intervals.merge(comp["ts"].to_numpy(), comp["end"].to_numpy())
-    by_args = comm["correlation"].map(named)
-    by_host = comm["correlation"].map(launched).where(by_args.isna())
+    by_args = comm["correlation"].map(named).astype(object)  # NaN, a float, where none is named
+    by_host = comm["correlation"].map(launched).astype(object).where(by_args.isna())
     kinds = by_args.fillna(by_host).fillna(comm["name"].map(_kind_by_name))
     out = {}
     for kind, part in comm.groupby(kinds):
@@ -295,7 +296,7 @@ def _kernel_calls(trace: Trace, launched: pd.Series, op_at: pd.Series, op_bytes:
     kernels_of_op = op.map(op.value_counts()).to_numpy()
     by_name = gpu["name"].map(lambda code: _kind_by_name(trace.names[code]))
     return pd.DataFrame({
-        "kind": corr.map(launches["kind"]).fillna(corr.map(launched)).fillna(by_name).to_numpy(),
+        "kind": corr.map(launches["kind"]).astype(object).fillna(corr.map(launched)).fillna(by_name).to_numpy(),
         "launch_us": corr.map(launch.set_index("correlation")["ts"]).to_numpy(dtype=float),
         "start_us": start, "dur_us": end - start,
         "bytes": np.where(op.to_numpy() >= 0, np.append(op_bytes, math.nan)[op.to_numpy()] / kernels_of_op,
