@@ -46,6 +46,18 @@ OUTPUT_COUNTED = "all_gather"
 """The kind whose bytes are its output's (module docstring)."""
 
 
+def of_records(args: list[Any]) -> dict[str, list[Any]]:
+    """`fields` of the events' args decoded by the reader's msgspec records (ARGS's fields raw, empty when
+    absent): of those that name a collective only."""
+    return fields([(i, {f: bytes(getattr(a, f)) for f in ARGS}) for i, a in enumerate(args) if a.collective])
+
+
+def of_dicts(args: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """The same from args as JSON objects."""
+    return fields([(i, {f: a.get(key) for f, key in ARGS.items()}) for i, a in enumerate(args)
+                   if a.get("Collective name") is not None])
+
+
 def fields(rows: list[tuple[int, dict[str, Any]]]) -> dict[str, list[Any]]:
     """The args of (event's position in its block, its args by ARGS's column: values, or their JSON text as
     bytes, b"" when absent) as Trace.comms's columns: counts as ints (-1: absent or not one), the rest as text

@@ -88,16 +88,18 @@ FIELDS = ("cat", "name", "thread", "pid", "ts", "dur", "stream", "correlation", 
 try:  # msgspec decodes straight into typed records, skipping the fields not named: ~2.5x orjson here
     import msgspec
 
+    # gc=False: records of strings and numbers make no cycles, and untracked they spare the collector its passes
+    # over each block's hundred thousand of them (half the decoding time); a collective's args kept raw, decoded
+    # only where an event names one (a list of ranks, a count as text: whatever it is)
     _Args: Any = msgspec.defstruct("_Args", [
-        ("stream", int, -1), ("correlation", int, -1),
+        ("stream", int, -1), ("correlation", int, -1), ("flops", float | None, None),
         ("external_id", int, msgspec.field(default=-1, name="External id")),
         ("input_dims", msgspec.Raw, msgspec.field(default=msgspec.Raw(b"null"), name="Input Dims")),
         ("input_types", msgspec.Raw, msgspec.field(default=msgspec.Raw(b"null"), name="Input type")),
-        ("flops", float | None, None),
-        # raw: decoded only where an event names a collective (a list of ranks, a count as text: whatever it is)
-        *[(f, msgspec.Raw, msgspec.field(default=msgspec.Raw(), name=key)) for f, key in comm_args.ARGS.items()]])
+        *[(f, msgspec.Raw, msgspec.field(default=msgspec.Raw(), name=key)) for f, key in comm_args.ARGS.items()]],
+        gc=False)
 
-    class _Event(msgspec.Struct, tag_field="ph", tag="X"):
+    class _Event(msgspec.Struct, tag_field="ph", tag="X", gc=False):
         """A complete event, the only kind kept."""
 
         cat: str | None = None
@@ -108,7 +110,7 @@ try:  # msgspec decodes straight into typed records, skipping the fields not nam
         dur: float | None = None
         args: _Args | None = None
 
-    _SKIPPED = tuple(msgspec.defstruct(f"_Skipped{ord(ph)}", [], tag_field="ph", tag=ph)
+    _SKIPPED = tuple(msgspec.defstruct(f"_Skipped{ord(ph)}", [], tag_field="ph", tag=ph, gc=False)
                      for ph in "BEiIbnesftMCPONDRc()")
     """The other phases of the trace event format: decoded to an empty record, their fields skipped."""
 
@@ -135,8 +137,7 @@ def _records(events: list[Any]) -> dict[str, list[Any]]:
             "input_types": [bytes(a.input_types) if e.name.startswith(TYPED) else b"null"
                             for e, a in zip(xs, args, strict=True)],
             "flops": [a.flops for a in args],
-            "comms": comm_args.fields([(i, {f: bytes(getattr(a, f)) for f in comm_args.ARGS})
-                                       for i, a in enumerate(args) if a.collective])}
+            "comms": comm_args.of_records(args)}
 
 
 def _dicts(events: Iterable[Any]) -> dict[str, list[Any]]:
@@ -161,8 +162,7 @@ def _dicts(events: Iterable[Any]) -> dict[str, list[Any]]:
                             for e, t in zip(xs, types, strict=True)],
             "flops": [float(f) if isinstance(f, (int, float, Decimal)) else None
                       for f in (a.get("flops") for a in args)],
-            "comms": comm_args.fields([(i, {f: a.get(key) for f, key in comm_args.ARGS.items()})
-                                       for i, a in enumerate(args) if a.get("Collective name") is not None])}
+            "comms": comm_args.of_dicts(args)}
 
 
 class _Columns:
