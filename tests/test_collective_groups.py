@@ -22,7 +22,7 @@ from benchmarks.import_ranks import tile_ranks
 from profiler import store
 from profiler.analysis import load_run
 from profiler.cli import main
-from profiler.traces import collective_skew, collectives, reader
+from profiler.traces import collective_skew, collectives, comm_args, reader
 from profiler.traces.reader import read_trace
 from profiler.traces.steps import step_rows
 from profiler.traces.summary import Analyzed, analyze_traces
@@ -85,6 +85,32 @@ def _not_fast(*_: object) -> dict[str, Any]:
     raise reader._NotFast
 
 
+@pytest.mark.parametrize(("name", "kind"), [
+    ("allreduce", "all_reduce"), ("allreduce_coalesced", "all_reduce"), ("_allgather_base", "all_gather"),
+    ("all_gather_into_tensor_coalesced", "all_gather"), ("_reduce_scatter_base", "reduce_scatter"),
+    ("all_to_allv", "all_to_all"), ("broadcast", "broadcast"), ("recvAnySource", "send_recv"),
+    ("barrier", None), ("reduce", None), ("wait", None)])
+def test_c10d_s_collective_names_give_their_kinds(name: str, kind: str | None) -> None:
+    assert comm_args.kind(name) == kind
+
+
+@NEEDS_SHARED
+def test_an_all_gather_counts_its_output_and_a_reduce_scatter_its_input(tmp_path: Path) -> None:
+    def gathered_and_scattered(events: list[dict[str, Any]]) -> None:
+        first, second = (k["args"] for k in _nccl_kernels(events)[:2])
+        first.update({"Collective name": "_allgather_base", "Out msg nelems": 2 * first["In msg nelems"]})
+        second.update({"Collective name": "_reduce_scatter_base", "Out msg nelems": second["In msg nelems"] // 2})
+
+    (path,) = tile_ranks(A100, tmp_path, 1)
+    _rewrite(path, gathered_and_scattered)
+    first, second = (k["args"] for k in _nccl_kernels(_events(path))[:2])
+    found = comm_args.described(read_trace(path).comms)
+    edited = found[found["kind"].isin(["all_gather", "reduce_scatter"])]
+    assert sorted(zip(edited["kind"], edited["bytes"], strict=True)) == [
+        ("all_gather", first["Out msg nelems"] * ITEMSIZE[first["dtype"]]),
+        ("reduce_scatter", second["In msg nelems"] * ITEMSIZE[second["dtype"]])]
+
+
 @pytest.mark.parametrize("parser", ["msgspec", "orjson", "streaming"])
 def test_every_parser_keeps_the_collective_events_args_alone(parser: str, monkeypatch: pytest.MonkeyPatch) -> None:
     fast = read_trace(RCCL)
@@ -117,6 +143,7 @@ def test_bus_bandwidth_takes_n_from_the_group_size_not_the_ranks_imported(rccl_p
     first = next(k for k in _nccl_kernels(_events(RCCL)) if k["args"].get("Collective name") == "allreduce")
     algbw = _payload(first["args"]) / first["dur"] / 1e3  # bytes per us / 1e3: GB/s
     call = rows.iloc[0]
+    # this trace records the shapes too, and its bytes are theirs: the args give the same
     assert call["algbw_gb_s"] == pytest.approx(algbw, rel=1e-6) and call["group_size"] == 8
     assert call["busbw_gb_s"] == pytest.approx(algbw * 2 * (8 - 1) / 8, rel=1e-6)  # all_reduce's 2(n-1)/n
 

@@ -70,11 +70,10 @@ def fields(rows: list[tuple[int, dict[str, Any]]]) -> dict[str, list[Any]]:
     return out
 
 
-def frame(columns: dict[str, list[Any]], first_row: int = 0) -> pd.DataFrame:
-    """Trace.comms from `fields`' columns (none: the empty frame), of a block whose first event is `first_row`."""
-    return pd.DataFrame({"row": np.asarray(columns.get("row", []), dtype=np.int64) + first_row,
-                         **{f: np.asarray(columns.get(f, []), dtype=np.int64 if f in COUNTS else object)
-                            for f in ARGS}})
+def frame(columns: dict[str, list[Any]], first_row: int) -> pd.DataFrame:
+    """Trace.comms from `fields`' columns, of a block whose first event is `first_row`."""
+    return pd.DataFrame({"row": np.asarray(columns["row"], dtype=np.int64) + first_row,
+                         **{f: np.asarray(columns[f], dtype=np.int64 if f in COUNTS else object) for f in ARGS}})
 
 
 def _int(value: Any) -> int:
