@@ -81,13 +81,16 @@ def test_every_call_is_matched_across_the_ranks_with_sane_figures(balanced: tupl
     summary = balanced[1].summary()
     across = summary["collectives_across_ranks"]
     json.dumps(across, allow_nan=False)
-    assert "all_to_all" in across["kinds"] and "straggler" not in across
-    for k in across["kinds"].values():
+    assert across["groups_from"] == "ranks"  # this trace's kernels name no process group
+    (group,) = across["groups"]
+    assert (group["name"], group["ranks"], group["size"]) == (None, [0, 1], 2)
+    assert "all_to_all" in group["kinds"] and "straggler" not in across
+    for k in group["kinds"].values():
         assert k["ranks"] == 2 and k["calls"] > 0 and k["unmatched"] == 0
         assert k["skew_ms"]["p50"] == k["skew_ms"]["max"] == 0 and k["last"] is None  # the same trace twice
         assert k["waiting_share"] == 0
         assert k["link_peak_gb_s"] == A100_NVLINK_GB_S
-    a2a = across["kinds"]["all_to_all"]
+    a2a = group["kinds"]["all_to_all"]
     assert 0 < a2a["busbw_gb_s"] < A100_NVLINK_GB_S and a2a["busbw_of_peak"] == a2a["busbw_gb_s"] / A100_NVLINK_GB_S
 
 
@@ -125,8 +128,8 @@ def test_an_all_to_all_s_bus_bandwidth_is_its_bytes_over_its_kernel_time(
 def test_a_late_rank_is_named_with_its_lateness_and_the_others_wait(
         delayed: tuple[Path, str], balanced: tuple[list[Path], Analyzed]) -> None:
     across = load_run(delayed[0]).stored_summary["trace"]["collectives_across_ranks"]
-    before = balanced[1].summary()["collectives_across_ranks"]["kinds"]
-    for kind, k in across["kinds"].items():
+    before = balanced[1].summary()["collectives_across_ranks"]["groups"][0]["kinds"]
+    for kind, k in across["groups"][0]["kinds"].items():
         assert k["last"] == {"rank": 1, "calls": k["calls"], "of": k["calls"]}
         assert k["skew_ms"]["p50"] == pytest.approx(DELAY_US / 1e3, abs=1e-3)
         assert k["waiting_s"] == pytest.approx(k["calls"] * DELAY_US / 1e6, rel=1e-6)
@@ -135,7 +138,7 @@ def test_a_late_rank_is_named_with_its_lateness_and_the_others_wait(
         busbw = before[kind]["busbw_gb_s"]  # the moving time is rank 1's, as it was; None: calls without bytes
         assert k["busbw_gb_s"] == (None if busbw is None else pytest.approx(busbw, rel=1e-6))
     s = across["straggler"]
-    assert s["rank"] == 1 and s["last_share"] == 1 and s["calls"] >= collective_skew.MIN_CALLS
+    assert s["rank"] == 1 and s["last_share"] == 1 and s["calls"] >= collective_skew.MIN_CALLS and s["group"] is None
     assert s["skew_ms"] == pytest.approx(DELAY_US / 1e3, abs=1e-3)
     assert not math.isnan(s["skew_ms"])
 

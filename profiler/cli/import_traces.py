@@ -109,24 +109,44 @@ def _pct(share: float | None) -> str:
     return "-" if share is None else f"{100 * share:.0f}%"
 
 
+def _group_name(group: dict[str, Any]) -> str:
+    """A process group as its args name it: `process group 0 (default_pg): 2 ranks [0, 1]`, a long list cut."""
+    if group["name"] is None:
+        return "calls that name no process group"
+    desc = f" ({group['description']})" if group["description"] else ""
+    ranks = group["ranks"]
+    shown = str(ranks) if len(ranks) <= 8 else f"[{ranks[0]}, {ranks[1]}, ..., {ranks[-1]}]"
+    return f"process group {group['name']}{desc}: {group['size']} ranks {shown}"
+
+
 def print_collectives(trace: dict[str, Any], out: IO[str]) -> None:
-    """Collectives matched across ranks (summary.trace.collectives_across_ranks): per kind the calls matched,
-    the start skew, the rank most often last, the share of kernel time spent waiting, the median bus bandwidth
-    against the link's peak; then the straggler it names, if any."""
+    """Collectives matched across ranks (summary.trace.collectives_across_ranks): per process group and kind
+    the calls matched, the start skew, the rank most often last, the share of kernel time spent waiting, the
+    median bus bandwidth against the link's peak; then the straggler it names, if any."""
     across = trace.get("collectives_across_ranks") or {}
-    if not across.get("kinds"):
+    # a run imported before process groups were told apart holds one group's `kinds`
+    groups = across.get("groups") or ([{"name": None, "kinds": across["kinds"]}] if across.get("kinds") else [])
+    if not groups:
         return
     out.write("\ncollectives across ranks   calls x ranks | skew p50    p90 | last most often | waiting | "
               "bus bandwidth p50\n")
-    for kind, k in across["kinds"].items():
-        last = k["last"]
-        late = f"rank {last['rank']} {100 * last['calls'] / k['calls']:.0f}%" if last else "-"
-        bus = "no payload bytes" if k["busbw_gb_s"] is None else f"{k['busbw_gb_s']:.1f} GB/s (" + (
-            "link peak unknown" if k["link_peak_gb_s"] is None else
-            f"{_pct(k['busbw_of_peak'])} of {k['link_peak_gb_s']:g} GB/s") + ")"
-        out.write(f"  {kind:<24} {k['calls']:>7} x {k['ranks']:<3} | {k['skew_ms']['p50']:5.2f} "
-                  f"{k['skew_ms']['p90']:6.2f} ms | {late:>15} | {_pct(k['waiting_share']):>7} | {bus}\n")
+    by_args = across.get("groups_from") == "process_group"
+    if not by_args:
+        out.write("  (the kernels name no process group: the ranks imported are taken as one)\n")
+    for group in groups:
+        if by_args:
+            out.write(f"  {_group_name(group)}\n")
+        for kind, k in group["kinds"].items():
+            last = k["last"]
+            late = f"rank {last['rank']} {100 * last['calls'] / k['calls']:.0f}%" if last else "-"
+            bus = "no payload bytes" if k["busbw_gb_s"] is None else f"{k['busbw_gb_s']:.1f} GB/s (" + (
+                "link peak unknown" if k["link_peak_gb_s"] is None else
+                f"{_pct(k['busbw_of_peak'])} of {k['link_peak_gb_s']:g} GB/s") + ")"
+            named = f"  {kind}" if by_args else kind  # under its group's line
+            out.write(f"  {named:<24} {k['calls']:>7} x {k['ranks']:<3} | {k['skew_ms']['p50']:5.2f} "
+                      f"{k['skew_ms']['p90']:6.2f} ms | {late:>15} | {_pct(k['waiting_share']):>7} | {bus}\n")
     s = across.get("straggler")
     if s:
+        group = f" (process group {s['group']})" if s.get("group") is not None else ""  # absent: an earlier run
         out.write(f"straggler: rank {s['rank']} arrived last in {100 * s['last_share']:.0f}% of {s['calls']} "
-                  f"{s['kind']} calls, median {s['skew_ms']:.1f} ms after the first\n")
+                  f"{s['kind']} calls{group}, median {s['skew_ms']:.1f} ms after the first\n")

@@ -1,9 +1,12 @@
 """Collectives matched across ranks: who arrives late, how long the others wait, at what bus bandwidth.
 
-A call is one NCCL kernel (profiler.traces.collectives.analyze_calls). The ranks' calls of a kind are
-matched by the ProfilerStep their launch falls in and their order among that step's calls of the kind
-(the k-th all-reduce of step 12 on each rank); a call some rank lacks (a step one trace cut short) is
-left out. Starts are compared on the traces' own clocks (Kineto's epoch microseconds, kept to a quarter
+A call is one NCCL kernel (profiler.traces.collectives.analyze_calls). The ranks' calls of a process group
+and kind are matched by the ProfilerStep their launch falls in and their order among that step's calls of
+the group and kind (the k-th all-reduce of the tensor-parallel group in step 12 on each rank); a call some
+rank lacks (a step one trace cut short) is left out. The group is the one the kernel's args name
+(profiler.traces.comm_args: `groups_from` "process_group"); a trace whose kernels name none has its
+calls in one group of the ranks imported (`groups_from` "ranks"), where two groups' calls of a kind
+interleave. Starts are compared on the traces' own clocks (Kineto's epoch microseconds, kept to a quarter
 microsecond here): ranks on different hosts differ also by their clocks' offset, as in HTA and TraceLens.
 
 Per call: `skew`, the last start minus the first; the rank that arrived last (none when several share
@@ -11,12 +14,12 @@ the last start); the moving time, the last arriver's kernel duration (it waited 
 all ranks finish together); each other rank's duration beyond it is waiting. Per kind: the calls matched,
 the skew's median and p90, the rank most often last, kernel time and the share of it spent waiting, and
 bus bandwidth: bytes / moving time (algorithm bandwidth) times NCCL's factor for the kind and the n
-ranks matched (nccl-tests doc/PERFORMANCE.md: all_reduce 2(n-1)/n; all_gather, reduce_scatter and
-all_to_all (n-1)/n; broadcast and send/recv 1), which that document says to compare with the
-hardware's peak whatever n is.
+ranks of the group (its `Group size`; without it the ranks matched) (nccl-tests doc/PERFORMANCE.md:
+all_reduce 2(n-1)/n; all_gather, reduce_scatter and all_to_all (n-1)/n; broadcast and send/recv 1),
+which that document says to compare with the hardware's peak whatever n is.
 
-A straggler is named when one rank is last in more than LAST_SHARE of at least MIN_CALLS calls of a kind
-and the kind's median skew exceeds SKEW_OF_STEP of the median step.
+A straggler is named when one rank is last in more than LAST_SHARE of at least MIN_CALLS calls of a group's
+kind and the kind's median skew exceeds SKEW_OF_STEP of the median step.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from profiler.traces import comm_args
 
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
               "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
@@ -54,12 +59,16 @@ collective, not once per call: the lateness carries over), the same 5% profiler.
 slow step by; below it the spread is noise of launch order and clocks."""
 
 
+GROUP = ["group", "group_desc", "group_ranks", "group_size"]
+"""A call's process group, as profiler.traces.collectives.CALLS has it ("" and -1 where its args name none)."""
+
+
 def rank_calls(calls: pd.DataFrame, steps: pd.DataFrame, base_us: int) -> pd.DataFrame:
     """One rank's calls keyed for matching: `kind`, `step` (the ProfilerStep its launch falls in, -1 before
-    the first or without steps), `seq` (its order among the step's calls of its kind), `start_us` on the
-    trace's clock, `dur_us`, `bytes`."""
+    the first or without steps), `seq` (its order among the step's calls of its group and kind), `start_us`
+    on the trace's clock, `dur_us`, `bytes` and the GROUP columns."""
     if calls.empty:
-        return pd.DataFrame(columns=["kind", "step", "seq", "start_us", "dur_us", "bytes"])
+        return pd.DataFrame(columns=["kind", "step", "seq", "start_us", "dur_us", "bytes", *GROUP])
     step = np.full(len(calls), -1, dtype=np.int64)
     if not steps.empty:
         spans = steps.sort_values("ts_end")
@@ -68,9 +77,10 @@ def rank_calls(calls: pd.DataFrame, steps: pd.DataFrame, base_us: int) -> pd.Dat
         step = np.where(at >= 0, spans["step"].to_numpy()[np.maximum(at, 0)], -1)
     out = pd.DataFrame({"kind": calls["kind"].to_numpy(), "step": step,
                         "start_us": calls["start_us"].to_numpy(dtype=float) + base_us,
-                        "dur_us": calls["dur_us"].to_numpy(dtype=float), "bytes": calls["bytes"].to_numpy(dtype=float)})
+                        "dur_us": calls["dur_us"].to_numpy(dtype=float), "bytes": calls["bytes"].to_numpy(dtype=float),
+                        **{c: calls[c].to_numpy() for c in GROUP}})
     out = out.sort_values("start_us", kind="stable", ignore_index=True)
-    return out.assign(seq=out.groupby(["step", "kind"]).cumcount())
+    return out.assign(seq=out.groupby(["step", "group", "kind"]).cumcount())
 
 
 def _finite(x: float) -> float | None:
@@ -81,15 +91,20 @@ def _link(device: str | None) -> tuple[float, str] | None:
     return next(((peak, source) for pattern, peak, source in LINK_PEAK if device and pattern.search(device)), None)
 
 
-def matched(calls: Mapping[int, pd.DataFrame], kind: str) -> pd.DataFrame:
-    """The calls of `kind` matched across the ranks that have any (each rank's `rank_calls`), one row each:
-    `step`, `seq`, `ranks` (n), `skew_us`, `last` (the rank that started last, -1 when several did),
-    `moving_us`, `waiting_us` (summed over the ranks), `time_us` (kernel time, summed), `bytes`, `algbw_gb_s`
-    and `busbw_gb_s` (module docstring)."""
-    own = [c[c["kind"] == kind].assign(rank=r) for r, c in sorted(calls.items()) if (c["kind"] == kind).any()]
+def _of(calls: pd.DataFrame, group: str, kind: str) -> pd.DataFrame:
+    return calls[(calls["kind"] == kind).to_numpy() & (calls["group"] == group).to_numpy()]
+
+
+def matched(calls: Mapping[int, pd.DataFrame], kind: str, group: str = "") -> pd.DataFrame:
+    """The calls of `group` and `kind` matched across the ranks that have any (each rank's `rank_calls`), one
+    row each: `step`, `seq`, `ranks` (matched), `group_size` (the n of the bus factor), `skew_us`, `last` (the
+    rank that started last, -1 when several did), `moving_us`, `waiting_us` (summed over the ranks), `time_us`
+    (kernel time, summed), `bytes`, `algbw_gb_s` and `busbw_gb_s` (module docstring)."""
+    own = [mine.assign(rank=r) for r, c in sorted(calls.items()) if len(mine := _of(c, group, kind))]
     if len(own) < 2:
-        return pd.DataFrame(columns=["step", "seq", "ranks", "skew_us", "last", "moving_us", "waiting_us", "time_us",
-                                     "bytes", "algbw_gb_s", "busbw_gb_s"])
+        return pd.DataFrame(columns=["step", "seq", "ranks", "group_size", "skew_us", "last", "moving_us",
+                                     "waiting_us", "time_us", "bytes", "algbw_gb_s", "busbw_gb_s"])
+    sizes = pd.concat(own)["group_size"].to_numpy(dtype=np.int64)
     wide = pd.concat(own).set_index(["step", "seq", "rank"])[["start_us", "dur_us", "bytes"]].unstack("rank")
     wide = wide[wide["start_us"].notna().all(axis=1)]
     ranks = wide["start_us"].columns.to_numpy()
@@ -100,13 +115,15 @@ def matched(calls: Mapping[int, pd.DataFrame], kind: str) -> pd.DataFrame:
     payload = wide["bytes"].median(axis=1).to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(moving > 0, payload / moving / 1e3, np.nan)  # bytes per us / 1e3: GB/s
+    n = int(sizes.max()) if (sizes > 0).any() else len(ranks)
     return pd.DataFrame({
         "step": wide.index.get_level_values("step"), "seq": wide.index.get_level_values("seq"), "ranks": len(ranks),
+        "group_size": n,
         "skew_us": latest - start.min(axis=1),
         "last": np.where(is_last.sum(axis=1) == 1, ranks[start.argmax(axis=1)], -1),
         "moving_us": moving, "waiting_us": np.clip(dur - moving[:, None], 0, None).sum(axis=1),
         "time_us": dur.sum(axis=1), "bytes": payload, "algbw_gb_s": algbw,
-        "busbw_gb_s": algbw * BUS_FACTOR.get(kind, lambda _: 1.0)(len(ranks))})
+        "busbw_gb_s": algbw * BUS_FACTOR.get(kind, lambda _: 1.0)(n)})
 
 
 def _median(values: pd.Series) -> float | None:
@@ -132,27 +149,43 @@ def _kind(calls: pd.DataFrame, device: str | None) -> dict[str, Any]:
     }
 
 
-def _straggler(kinds: Mapping[str, Mapping[str, Any]], step_s: float) -> dict[str, Any] | None:
-    """The rank last in most calls of a kind, with the evidence, where module docstring's rule names one."""
-    named = [{"rank": k["last"]["rank"], "kind": kind, "last_share": k["last"]["calls"] / k["calls"],
-              "calls": k["calls"], "skew_ms": k["skew_ms"]["p50"]}
-             for kind, k in kinds.items()
+def _straggler(groups: list[dict[str, Any]], step_s: float) -> dict[str, Any] | None:
+    """The rank last in most calls of a group's kind, with the evidence, where module docstring's rule names one."""
+    named = [{"rank": k["last"]["rank"], "kind": kind, "group": g["name"],
+              "last_share": k["last"]["calls"] / k["calls"], "calls": k["calls"], "skew_ms": k["skew_ms"]["p50"]}
+             for g in groups for kind, k in g["kinds"].items()
              if k["last"] and k["calls"] >= MIN_CALLS and k["last"]["calls"] > LAST_SHARE * k["calls"]
              and math.isfinite(step_s) and k["skew_ms"]["p50"] / 1e3 > SKEW_OF_STEP * step_s]
     return max(named, key=lambda s: s["skew_ms"] * s["calls"], default=None)
 
 
+def _group(calls: Mapping[int, pd.DataFrame], group: str) -> dict[str, Any]:
+    """A process group as its calls' args name it: `name`, `description`, `ranks`, `size` (the ranks with
+    calls in it where the args give none; all null but those for the group of calls that name none)."""
+    mine = pd.concat([c[c["group"] == group].assign(rank=r) for r, c in calls.items()])
+    desc, ranks = (next((v for v in mine[c] if isinstance(v, str)), None) for c in ("group_desc", "group_ranks"))
+    sizes = mine["group_size"].to_numpy(dtype=np.int64)
+    listed = sorted(int(r) for r in mine["rank"].unique())
+    return {"name": group or None, "description": desc, "ranks": comm_args.ranks(ranks) or listed,
+            "size": int(sizes.max()) if (sizes > 0).any() else len(listed), "kinds": {}}
+
+
 def analyze(calls: Mapping[int, pd.DataFrame], step_s: float, device: str | None) -> dict[str, Any]:
-    """{"kinds": {kind: figures}, "straggler": {...} or absent}, from each rank's `rank_calls`; {} under two
-    ranks with calls. `unmatched`: the calls of the rank with the most that found no partner. `step_s`: the
-    median step (NaN: unknown, no straggler named); `device`: the GPU's name."""
-    kinds = {}
-    for kind in sorted({k for c in calls.values() for k in c["kind"].unique()}):
-        rows = matched(calls, kind)
+    """{"groups_from", "groups": [{name, description, ranks, size, "kinds": {kind: figures}}], "straggler": {...}
+    or absent}, from each rank's `rank_calls`; {} under two ranks with calls of a group. `groups_from`:
+    "process_group" where the kernels' args name their groups, else "ranks" (module docstring). `unmatched`:
+    the calls of the rank with the most that found no partner. `step_s`: the median step (NaN: unknown, no
+    straggler named); `device`: the GPU's name."""
+    groups: dict[str, dict[str, Any]] = {}
+    pairs = {key for c in calls.values() for key in zip(c["group"], c["kind"], strict=True)}
+    for group, kind in sorted(pairs, key=lambda p: (p[0] == "", p)):  # the calls that name no group last
+        rows = matched(calls, kind, group)
         if not rows.empty:
-            most = max(int((c["kind"] == kind).sum()) for c in calls.values())
-            kinds[kind] = {**_kind(rows, device), "unmatched": most - len(rows)}
-    if not kinds:
+            most = max(len(_of(c, group, kind)) for c in calls.values())
+            found = groups.setdefault(group, _group(calls, group))
+            found["kinds"][kind] = {**_kind(rows, device), "unmatched": most - len(rows)}
+    if not groups:
         return {}
-    straggler = _straggler(kinds, step_s)
-    return {"kinds": kinds, **({"straggler": straggler} if straggler else {})}
+    straggler = _straggler(list(groups.values()), step_s)
+    return {"groups_from": "process_group" if any(groups) else "ranks", "groups": list(groups.values()),
+            **({"straggler": straggler} if straggler else {})}

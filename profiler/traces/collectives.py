@@ -6,20 +6,22 @@ that name. Payload bytes follow `glmperf plan` (profiler.advice.plan), so the tw
 all-gather produces, a reduce-scatter or all-to-all consumes, an all-reduce or broadcast works on, a
 send or recv moves. An operator that takes a tensor list records no shapes: its bytes are those of
 the backend's own event (`gloo:all_reduce`, `nccl:all_reduce`, with the tensor it works on), matched
-in order within the family (gloo runs a reduce-scatter as an all-reduce of its input: matched by size).
+in order within the family (gloo runs a reduce-scatter as an all-reduce of its input: matched by size);
+where that records none either, those its process group's args give (profiler.traces.comm_args: of the
+`record_param_comms` of its kind inside it, else of the first kernel of its kind it launched).
 
 Time is the backend's, the union of its events' intervals (work on two streams or threads at once
-counts once). On the GPU, the NCCL kernels, each of the kind of the collective that launched it: its
-launch call (the kernel's `correlation`) sits inside the backend's event (`nccl:all_reduce`) and the
-process-group operator. NCCL 2.19+ and RCCL name most kernels `ncclDevKernel_Generic`, and all-to-all
-runs SendRecv kernels, so a kernel's name says its kind only where no collective encloses its launch
-(`AllReduce` in it, ...; else send_recv); `kernels_by` counts the kernels each way. On the CPU, gloo's
-events, each the work of the operator matched to it: on its worker threads, or on the training thread
-from posting to completion (a pipeline's asynchronous sends and receives, in flight while the thread
-computes). Exposed time is the part of it no
-computation overlaps: compute kernels on the GPU (HTA's comm_comp_overlap, per kind), on the CPU the
-training threads' aten operators, so a pipeline stage waiting for its neighbour (its bubble) shows as
-exposed send_recv.
+counts once). On the GPU, the NCCL kernels, each of its collective's kind: the `Collective name` its
+args give (its own, or those of the `record_param_comms` its launch call was made in), else the
+collective that launched it: its launch call (the kernel's `correlation`) sits inside the backend's
+event (`nccl:all_reduce`) and the process-group operator. NCCL 2.19+ and RCCL name most kernels
+`ncclDevKernel_Generic`, and all-to-all runs SendRecv kernels, so a kernel's name says its kind only
+where neither does (`AllReduce` in it, ...; else send_recv); `kernels_by` counts the kernels each way.
+On the CPU, gloo's events, each the work of the operator matched to it: on its worker threads, or on
+the training thread from posting to completion (a pipeline's asynchronous sends and receives, in flight
+while the thread computes). Exposed time is the part of it no computation overlaps: compute kernels on
+the GPU (HTA's comm_comp_overlap, per kind), on the CPU the training threads' aten operators, so a
+pipeline stage waiting for its neighbour (its bubble) shows as exposed send_recv.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profiler.traces import intervals
+from profiler.traces import comm_args, intervals
 from profiler.traces.ops import HOST_OPS
 from profiler.traces.reader import Trace
 from profiler.traces.window import COMMUNICATION, COMPUTATION, Window, hta_window, times
@@ -196,9 +198,12 @@ def _exposed(starts: np.ndarray, ends: np.ndarray, busy: tuple[np.ndarray, np.nd
     return intervals.length(*union) - intervals.overlap(union, busy)
 
 
-def _launch_kinds(trace: Trace, *outers: tuple[pd.DataFrame, pd.Series]) -> pd.Series:
-    """The collective each launch call (index: its correlation) was made in: the kind of the event of
-    `outers` around it (host events in time order, with their kinds), a later one of `outers` winning."""
+def _launched_in(trace: Trace, *outers: tuple[pd.DataFrame, pd.Series]) -> pd.Series:
+    """What each launch call (index: its correlation) was made in: the value of the event of `outers` around
+    it (host events in time order, with a value each: their kind, their position), a later one of `outers`
+    winning."""
+    if not any(len(events) for events, _ in outers):
+        return pd.Series(dtype=object)
     ev = trace.events
     calls = ev[(ev["stream"] < 0) & (ev["correlation"] >= 0)].drop_duplicates("correlation")
     thread, ts = calls["thread"].to_numpy(), calls["ts"].to_numpy()
@@ -214,31 +219,71 @@ def _kind_by_name(name: str) -> str:
     return next((kind for key, kind in _KERNEL_KIND if key in name), "send_recv")
 
 
-def _gpu_times(window: Window, launched: pd.Series) -> tuple[dict[str, tuple[float, float]], dict[str, int]]:
-    """(time, exposed) in us by kind, from the NCCL kernels of the trace (HTA's window), each of the kind
-    its launch was made in (`launched`), else of its name's; and how many kernels got their kind each way."""
+def _arg_events(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The collective events' args (comm_args.described): the host's of a known kind (`record_param_comms`,
+    with `thread`, `ts`, `dur`, in time order; not a work's `wait`, whose group size is 1), and each launch's
+    (index: its correlation): the kernel's own, else those of the host's event its launch call was made in."""
+    args = comm_args.described(trace.comms)
+    ev = trace.events.iloc[args["row"].to_numpy()]
+    on_gpu = ev["stream"].to_numpy() >= 0
+    known = ~on_gpu & args["kind"].notna().to_numpy()
+    host = args[known].assign(**{c: ev[c].to_numpy()[known] for c in ("thread", "ts", "dur")})
+    host = host.sort_values("ts", kind="stable", ignore_index=True)
+    corr = ev["correlation"].to_numpy()
+    own = args[on_gpu & (corr >= 0)].set_axis(corr[on_gpu & (corr >= 0)])
+    inside = _launched_in(trace, (host, pd.Series(np.arange(len(host)))))
+    inherited = host[list(args)].iloc[inside.to_numpy(dtype=np.int64)].set_axis(inside.index)
+    launches = pd.concat([own, inherited[~inherited.index.isin(own.index)]]) if len(inherited) else own
+    return host, launches[~launches.index.duplicated()]
+
+
+def _arg_bytes(ops: pd.DataFrame, host: pd.DataFrame, launches: pd.DataFrame, op_at: pd.Series) -> np.ndarray:
+    """Each operator's bytes as its process group's args give them (module docstring), NaN where none do."""
+    at = np.concatenate([_enclosing(ops, host["thread"].to_numpy(), host["ts"].to_numpy()),
+                         op_at.reindex(launches.index).fillna(-1).to_numpy(dtype=np.int64)])
+    kinds = np.concatenate([host["kind"].to_numpy(), launches["kind"].to_numpy()])
+    nbytes = np.concatenate([host["bytes"].to_numpy(), launches["bytes"].to_numpy()])
+    mine = at >= 0
+    mine[mine] = kinds[mine] == ops["kind"].to_numpy()[at[mine]]
+    first = pd.Series(nbytes[mine]).groupby(at[mine]).first()  # the host's event before any kernel's
+    out = np.full(len(ops), np.nan)
+    out[first.index.to_numpy(dtype=np.int64)] = first.to_numpy()
+    return out
+
+
+def _gpu_times(window: Window, launched: pd.Series, named: pd.Series
+               ) -> tuple[dict[str, tuple[float, float]], dict[str, int]]:
+    """(time, exposed) in us by kind, from the NCCL kernels of the trace (HTA's window), each of the kind its
+    args name (`named`, by correlation), else the one its launch was made in (`launched`), else its name's;
+    and how many kernels got their kind each way."""
     gpu = window.gpu
     comm = gpu[gpu["kind"] == COMMUNICATION]
     comp = gpu[gpu["kind"] == COMPUTATION]
     busy = intervals.merge(comp["ts"].to_numpy(), comp["end"].to_numpy())
-    by_host = comm["correlation"].map(launched)
-    kinds = by_host.fillna(comm["name"].map(_kind_by_name))
+    by_args = comm["correlation"].map(named).astype(object)  # NaN, a float, where none is named
+    by_host = comm["correlation"].map(launched).astype(object).where(by_args.isna())
+    kinds = by_args.fillna(by_host).fillna(comm["name"].map(_kind_by_name))
     out = {}
     for kind, part in comm.groupby(kinds):
         s, e = part["ts"].to_numpy(), part["end"].to_numpy()
         out[str(kind)] = (intervals.length(*intervals.merge(s, e)), _exposed(s, e, busy))
-    return out, {"host_operator": int(by_host.notna().sum()), "kernel_name": int(by_host.isna().sum())}
+    return out, {"collective_name": int(by_args.notna().sum()), "host_operator": int(by_host.notna().sum()),
+                 "kernel_name": int((by_args.isna() & by_host.isna()).sum())}
 
 
-CALLS = ["kind", "launch_us", "start_us", "dur_us", "bytes"]
+GROUP = {"group": "", "group_desc": None, "group_ranks": None, "group_size": -1}
+"""A call's process group (comm_args.described) and what stands for it where its args give none."""
+CALLS = ["kind", "launch_us", "start_us", "dur_us", "bytes", *GROUP]
 """Columns of `kernel_calls`."""
 
 
-def _kernel_calls(trace: Trace, launched: pd.Series, op_at: pd.Series, op_bytes: np.ndarray) -> pd.DataFrame:
+def _kernel_calls(trace: Trace, launched: pd.Series, op_at: pd.Series, op_bytes: np.ndarray,
+                  launches: pd.DataFrame) -> pd.DataFrame:
     """Each NCCL kernel of the whole trace (not HTA's window: profiler.traces.collective_skew matches the
     ranks' calls one by one, and an incomplete last step's find no partner): its kind (as `_gpu_times`
-    gives it), its launch's time, its start and duration (us, the trace's `ts`) and payload bytes, those
-    of the operator whose launch it is (`op_at`: its position in `op_bytes`) split among its kernels."""
+    gives it), its launch's time, its start and duration (us, the trace's `ts`), payload bytes, those of
+    the operator whose launch it is (`op_at`: its position in `op_bytes`) split among its kernels, else its
+    args' (`launches`, by correlation), and its process group as its args name it (GROUP)."""
     ev = trace.events
     comm = np.array([gpu_kind(n) == COMMUNICATION for n in trace.names] + [False])
     gpu = ev[(ev["stream"].to_numpy() >= 0) & comm[ev["name"].to_numpy()] & (ev["correlation"].to_numpy() >= 0)]
@@ -249,11 +294,15 @@ def _kernel_calls(trace: Trace, launched: pd.Series, op_at: pd.Series, op_bytes:
     start, end = times(gpu)
     op = corr.map(op_at).astype(float).fillna(-1).astype(np.int64)
     kernels_of_op = op.map(op.value_counts()).to_numpy()
+    by_name = gpu["name"].map(lambda code: _kind_by_name(trace.names[code]))
     return pd.DataFrame({
-        "kind": corr.map(launched).fillna(gpu["name"].map(lambda code: _kind_by_name(trace.names[code]))).to_numpy(),
+        "kind": corr.map(launches["kind"]).astype(object).fillna(corr.map(launched)).fillna(by_name).to_numpy(),
         "launch_us": corr.map(launch.set_index("correlation")["ts"]).to_numpy(dtype=float),
         "start_us": start, "dur_us": end - start,
-        "bytes": np.append(op_bytes, math.nan)[op.to_numpy()] / kernels_of_op})
+        "bytes": np.where(op.to_numpy() >= 0, np.append(op_bytes, math.nan)[op.to_numpy()] / kernels_of_op,
+                          corr.map(launches["bytes"]).to_numpy(dtype=float)),
+        **{c: corr.map(launches[c]).astype(object).fillna(empty).replace({math.nan: None}).to_numpy()
+           for c, empty in GROUP.items()}})
 
 
 def _operators(host: pd.DataFrame) -> pd.DataFrame:
@@ -302,14 +351,19 @@ def analyze_calls(trace: Trace, steps: int, window: Window | None = None) -> tup
     from_backend = ops["bytes"].isna().to_numpy() & has
     ops.loc[from_backend, "bytes"] = backend["bytes"].to_numpy()[matched[from_backend]]
     name = backend["library"].iloc[0] if len(backend) else ("nccl" if (trace.events["stream"] >= 0).any() else "")
+    arg_host, launches = _arg_events(trace)
+    from_args = ops["bytes"].isna().to_numpy() & (len(trace.comms) > 0)
+    op_at = _launched_in(trace, (ops, pd.Series(np.arange(len(ops)), index=ops.index))) \
+        if name == "nccl" or from_args.any() else pd.Series(dtype=object)
+    if from_args.any():
+        ops.loc[from_args, "bytes"] = _arg_bytes(ops, arg_host, launches, op_at)[from_args]
     out: dict[str, Any] = {"backend": name}
     kinds: dict[str, dict[str, float]] = {}
     gpu: dict[str, tuple[float, float]] = {}
     if name == "nccl":  # the operator's kind wins over its backend event's (gloo runs a reduce-scatter as all-reduce)
-        launched = _launch_kinds(trace, (backend, backend["kind"]), (ops, ops["kind"]))
-        gpu, out["kernels_by"] = _gpu_times(window or hta_window(trace), launched)
-        op_at = _launch_kinds(trace, (ops, pd.Series(np.arange(len(ops)), index=ops.index)))
-        calls = _kernel_calls(trace, launched, op_at, ops["bytes"].to_numpy(dtype=float))
+        launched = _launched_in(trace, (backend, backend["kind"]), (ops, ops["kind"]))
+        gpu, out["kernels_by"] = _gpu_times(window or hta_window(trace), launched, launches["kind"].dropna())
+        calls = _kernel_calls(trace, launched, op_at, ops["bytes"].to_numpy(dtype=float), launches)
     for kind in set(gpu) - set(ops["kind"]):  # kernels of operators outside the window, or named by no operator
         kinds[kind] = {"calls": math.nan, "bytes": math.nan, "time_s": gpu[kind][0] / 1e6 / steps,
                        "exposed_s": gpu[kind][1] / 1e6 / steps}

@@ -9,7 +9,8 @@ the fast path cannot tell, odd formatting) sends the whole file to ijson's strea
 is slower but reads any valid JSON.
 
 Only complete events (`ph` "X", with a `dur` and a `cat`) are kept, the ones every analysis here
-uses; metadata, flow, instant and counter events are skipped (HTA drops them too).
+uses (metadata, flow, instant and counter events are skipped, as HTA does), with the process group's
+args of the few that name a `Collective name` in a frame of their own (profiler.traces.comm_args).
 
 Times keep the trace's own digits: `ts` is read from its text as the whole microseconds after the
 trace's base (its first event's) plus the fraction. Parsed as one float64, an epoch-scale time
@@ -35,6 +36,8 @@ from typing import Any
 import numpy as np
 import orjson
 import pandas as pd
+
+from profiler.traces import comm_args
 
 BLOCK_BYTES = 16 * 2**20
 """Decompressed bytes parsed at a time: big enough that per-block costs vanish, small enough to bound memory."""
@@ -63,6 +66,8 @@ class Trace:
     names: list[str]
     cats: list[str]
     threads: list[str]
+    comms: pd.DataFrame
+    """The events that name a `Collective name`: `row` (their position in `events`), comm_args.ARGS's columns."""
     base_us: int = 0
     """The whole us subtracted from every `ts` (module docstring): the file's time is `ts + base_us`."""
 
@@ -83,15 +88,18 @@ FIELDS = ("cat", "name", "thread", "pid", "ts", "dur", "stream", "correlation", 
 try:  # msgspec decodes straight into typed records, skipping the fields not named: ~2.5x orjson here
     import msgspec
 
-    class _Args(msgspec.Struct):
-        stream: int = -1
-        correlation: int = -1
-        external_id: int = msgspec.field(default=-1, name="External id")
-        input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input Dims")
-        input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(b"null"), name="Input type")
-        flops: float | None = None
+    # gc=False: records of strings and numbers make no cycles, and untracked they spare the collector its passes
+    # over each block's hundred thousand of them (half the decoding time); a collective's args kept raw, decoded
+    # only where an event names one (a list of ranks, a count as text: whatever it is)
+    _Args: Any = msgspec.defstruct("_Args", [
+        ("stream", int, -1), ("correlation", int, -1), ("flops", float | None, None),
+        ("external_id", int, msgspec.field(default=-1, name="External id")),
+        ("input_dims", msgspec.Raw, msgspec.field(default=msgspec.Raw(b"null"), name="Input Dims")),
+        ("input_types", msgspec.Raw, msgspec.field(default=msgspec.Raw(b"null"), name="Input type")),
+        *[(f, msgspec.Raw, msgspec.field(default=msgspec.Raw(), name=key)) for f, key in comm_args.ARGS.items()]],
+        gc=False)
 
-    class _Event(msgspec.Struct, tag_field="ph", tag="X"):
+    class _Event(msgspec.Struct, tag_field="ph", tag="X", gc=False):
         """A complete event, the only kind kept."""
 
         cat: str | None = None
@@ -102,7 +110,7 @@ try:  # msgspec decodes straight into typed records, skipping the fields not nam
         dur: float | None = None
         args: _Args | None = None
 
-    _SKIPPED = tuple(msgspec.defstruct(f"_Skipped{ord(ph)}", [], tag_field="ph", tag=ph)
+    _SKIPPED = tuple(msgspec.defstruct(f"_Skipped{ord(ph)}", [], tag_field="ph", tag=ph, gc=False)
                      for ph in "BEiIbnesftMCPONDRc()")
     """The other phases of the trace event format: decoded to an empty record, their fields skipped."""
 
@@ -128,7 +136,8 @@ def _records(events: list[Any]) -> dict[str, list[Any]]:
             "input_dims": [bytes(a.input_dims) for a in args],
             "input_types": [bytes(a.input_types) if e.name.startswith(TYPED) else b"null"
                             for e, a in zip(xs, args, strict=True)],
-            "flops": [a.flops for a in args]}
+            "flops": [a.flops for a in args],
+            "comms": comm_args.of_records(args)}
 
 
 def _dicts(events: Iterable[Any]) -> dict[str, list[Any]]:
@@ -152,7 +161,8 @@ def _dicts(events: Iterable[Any]) -> dict[str, list[Any]]:
             "input_types": [None if t is None or not str(e.get("name", "")).startswith(TYPED) else str(t)
                             for e, t in zip(xs, types, strict=True)],
             "flops": [float(f) if isinstance(f, (int, float, Decimal)) else None
-                      for f in (a.get("flops") for a in args)]}
+                      for f in (a.get("flops") for a in args)],
+            "comms": comm_args.of_dicts(args)}
 
 
 class _Columns:
@@ -160,6 +170,7 @@ class _Columns:
 
     def __init__(self) -> None:
         self.parts: dict[str, list[np.ndarray]] = {f: [] for f in FIELDS}
+        self.comms: list[pd.DataFrame] = []
         self.names: dict[str, int] = {}
         self.cats: dict[str, int] = {}
         self.threads: dict[str, int] = {}
@@ -195,6 +206,7 @@ class _Columns:
         put["flops"].append(np.array([np.nan if f is None else f for f in fields["flops"]], dtype=np.float64))
         for f in ("stream", "correlation", "external_id"):
             put[f].append(np.asarray(fields[f], dtype=np.int64))
+        self.comms.append(comm_args.frame(fields["comms"], first_row=self.size))
         self.size += n
 
     def _times(self, texts: list[bytes]) -> np.ndarray:
@@ -385,4 +397,4 @@ def read_trace(path: str | Path) -> Trace:
                          "or an empty profiling window")
     return Trace(path=path, meta=meta, events=columns.frame(), names=list(columns.names),
                  cats=[OLD_CATEGORIES.get(c, c) for c in columns.cats], threads=list(columns.threads),
-                 base_us=columns.base or 0)
+                 base_us=columns.base or 0, comms=pd.concat(columns.comms, ignore_index=True))

@@ -204,7 +204,7 @@ def _merged(parts: list[Part], timing: Timing, how: dict[str, Any]) -> Analyzed:
         calls.setdefault(rank, []).append(part.calls)
     for rank, rank_parts in read.items():
         out.per_rank[rank], rows = sessions.combine(rank_parts)
-        out.calls[rank] = pd.concat(calls[rank], ignore_index=True).drop_duplicates(["step", "kind", "seq"])
+        out.calls[rank] = pd.concat(calls[rank], ignore_index=True).drop_duplicates(["step", "group", "kind", "seq"])
         for table, df in rows.items():
             if not df.empty:
                 out.tables[table].append(df)
