@@ -151,10 +151,14 @@ def collectives(summary: Mapping[str, Any]) -> go.Figure | None:
     ranks = collectives_by_rank(summary)
     if not ranks:
         return None
+    across = ((summary.get("trace") or {}).get("collectives_across_ranks") or {}).get("kinds")
     fig = figure("Communication by collective", "Each kind of collective's time a profiled step and the part of it "
                  "no computation overlapped (exposed), per rank, with its payload; from the torch.profiler traces "
                  "(on the CPU gloo's worker threads against the training thread's operators, on the GPU NCCL "
-                 "kernels against compute kernels).", xaxis_title="ms per profiled step", barmode="group",
+                 "kernels against compute kernels)." + (" Per rank, it shows who waits: a rank that arrives early "
+                 "at a collective waits inside it, so its exposed time grows; the table of collectives across ranks "
+                 "sums that waiting and names the rank the others wait for." if across else ""),
+                 xaxis_title="ms per profiled step", barmode="group",
                  height=max(300, 60 * len(next(iter(ranks.values()))["kinds"]) + 140),
                  margin={"l": 130, "r": 30, "t": 50, "b": 50})
     for rank, found in ranks.items():
