@@ -1,5 +1,5 @@
 """The collectives matched across ranks in the run report, in Chromium and on the dashboard's run page, for a
-real imported job: the shared 16-rank A100 job's rank 0 (its first two steps) tiled as four ranks, rank 3
+real imported job: the shared 16-rank A100 job's rank 0 (its first two steps) tiled as six ranks, rank 5
 DELAY_US late (every event of its trace later, the others' NCCL kernels that much longer: they wait for it
 inside them, as tests/test_collective_report.py builds a pair). Each table cell is checked against the
 figures the import stored in run.json; a single rank's report has no such table."""
@@ -19,12 +19,14 @@ import pytest
 from benchmarks.import_ranks import tile_ranks
 from profiler.cli import main
 from reports.collectives_across import across_ranks
+from reports.figures_machine import MANY_RANKS
 from tests.test_dashboard import page, texts
 from tests.test_report_browser import CHROMIUM, ERRORS, chromium
-from tests.test_report_pages import Page
+from tests.test_report_pages import Page, values
 
 SOURCE = Path("/work/shared/data/traces/a100_16rank/rank-0.json.gz")
-RANKS, LATE, DELAY_US = 4, 3, 20_000.0
+RANKS, LATE, DELAY_US = 6, 5, 20_000.0
+"""Past MANY_RANKS: the per-rank collectives figure draws a point a rank."""
 HEADING = "Collectives across ranks"
 
 pytestmark = pytest.mark.skipif(not SOURCE.exists(), reason="the shared traces are not on this machine")
@@ -98,7 +100,22 @@ def test_the_report_tables_each_kind_with_the_stored_figures(job: Path) -> None:
             f"{s['skew_ms']:.1f} ms after the first rank") in text
     assert "Skew: the last rank&#39;s kernel start minus the first&#39;s" in text and "Waiting: " in text
     assert "NVLink 3: 600 GB/s per GPU both ways" in text
-    assert "communication-by-collective" in shown.sections  # per rank: who waits, which the table only sums
+
+
+def test_the_per_rank_figure_shows_who_waits(job: Path) -> None:
+    """What the table only sums: per rank, the late rank's collectives are the least exposed (it waits least)."""
+    assert RANKS > MANY_RANKS
+    (spec,) = Page(_report(job)).sections["communication-by-collective"]["specs"]
+    ranks = _stored(job)["trace"]["ranks"]
+    for trace, field in zip(spec["data"], ("time_s", "exposed_s"), strict=True):
+        assert trace["type"] == "box" and trace["boxpoints"] == "all"
+        drawn = {(rank, kind): x for rank, kind, x in zip(trace["text"], trace["y"], values(trace["x"]), strict=True)}
+        assert drawn == pytest.approx({(f"rank {r}", kind): 1e3 * k[field] for r, f in ranks.items()
+                                       for kind, k in f["collectives"]["kinds"].items()})
+        if field == "exposed_s":
+            for kind in {kind for _, kind in drawn}:
+                others = [x for (rank, k), x in drawn.items() if k == kind and rank != f"rank {LATE}"]
+                assert drawn[(f"rank {LATE}", kind)] < min(others)
 
 
 def test_a_single_rank_s_report_has_no_such_table(tmp_path: Path) -> None:
@@ -116,10 +133,10 @@ def test_the_table_takes_the_fields_a_summary_has(job: Path) -> None:
     summary = _stored(job)
     kinds = summary["trace"]["collectives_across_ranks"]["kinds"]
     for i, k in enumerate(kinds.values()):
-        k["group"] = {"name": f"pg{i}", "ranks": list(range(RANKS))} if i else "default_pg"
+        k["group"] = {"name": f"pg{i}", "ranks": [0, 2]} if i else "default_pg"
     table = across_ranks(summary)
     assert table is not None and table.headers[1] == "process group"
-    assert [r[1] for r in table.rows][:2] == ["default_pg", "pg1 (ranks 0, 1, 2, 3)"]
+    assert [r[1] for r in table.rows][:2] == ["default_pg", "pg1 (ranks 0, 2)"]
     for k in kinds.values():
         for field in ("group", "last", "busbw_gb_s", "link", "link_peak_gb_s", "waiting_share", "unmatched"):
             k.pop(field, None)
