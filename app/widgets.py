@@ -12,6 +12,7 @@ import streamlit as st
 
 from app import data
 from profiler.analysis import RunRecord
+from reports.collectives_across import CAPTION, across_ranks
 from reports.plotting import caption
 from reports.report_run import BANNERS
 
@@ -72,3 +73,14 @@ def pick_run(ids: Sequence[str], *, label: str, key: str) -> str | None:
     if chosen is not None and chosen != wanted:
         st.query_params["run"] = chosen
     return chosen
+
+
+def collectives_across_ranks(summary: dict[str, Any]) -> None:
+    """The collectives matched across ranks, as the HTML report tables them; nothing for a run without."""
+    across = across_ranks(summary)
+    if across is None:
+        return
+    st.subheader("Collectives across ranks")
+    table(across.rows, across.headers)
+    st.markdown(across.straggler)
+    st.caption(" ".join([CAPTION, *(f"Link peak: {link}." for link in across.links)]))

@@ -35,6 +35,8 @@ NVML_ROWS = (
     ("clocks (MHz)", (("sm_clock_mhz", "SM", 1.0), ("mem_clock_mhz", "memory", 1.0))),
 )
 """(row title with unit, ((samples.parquet column, legend name, scale), ...)) of each subplot row."""
+MANY_RANKS = 4
+"""Past this many ranks a bar per rank and kind is too thin to read and its colors too many to tell apart."""
 
 
 def step_position(run: RunData, ts: pd.Series) -> pd.Series:
@@ -145,18 +147,38 @@ def communication(run: RunData, summary: Mapping[str, Any]) -> go.Figure | None:
     return with_caption(fig, "Communication", caption)
 
 
+def _points(fig: go.Figure, ranks: Mapping[str, Mapping[str, Any]]) -> None:
+    """Each kind's ranks as points over a box, time and exposed side by side, each point named by its rank."""
+    rows = [(kind, rank, k) for rank, found in ranks.items() for kind, k in found["kinds"].items()]
+    custom = np.array([[k["bytes"] / MIB, k["calls"]] for _, _, k in rows], dtype=float)
+    for field, label in (("time_s", "time"), ("exposed_s", "exposed")):
+        hover = f"%{{text}}, %{{y}} {label}: %{{x:.2f}} ms, %{{customdata[0]:.2f}} MiB in %{{customdata[1]:.0f}} calls"
+        fig.add_box(x=[1e3 * k[field] for _, _, k in rows], y=[kind for kind, _, _ in rows], name=label,
+                    orientation="h", boxpoints="all", jitter=0.4, pointpos=0, text=[f"rank {r}" for _, r, _ in rows],
+                    customdata=custom, hovertemplate=hover + "<extra></extra>")
+
+
 def collectives(summary: Mapping[str, Any]) -> go.Figure | None:
     """Each kind of collective's time a profiled step and the part of it no computation overlapped,
-    per rank (from the traces: profiler.traces.collectives)."""
+    per rank (from the traces: profiler.traces.collectives): a bar each, or past MANY_RANKS a point each."""
     ranks = collectives_by_rank(summary)
     if not ranks:
         return None
+    across = ((summary.get("trace") or {}).get("collectives_across_ranks") or {}).get("kinds")
+    many = len(ranks) > MANY_RANKS
     fig = figure("Communication by collective", "Each kind of collective's time a profiled step and the part of it "
                  "no computation overlapped (exposed), per rank, with its payload; from the torch.profiler traces "
                  "(on the CPU gloo's worker threads against the training thread's operators, on the GPU NCCL "
-                 "kernels against compute kernels).", xaxis_title="ms per profiled step", barmode="group",
-                 height=max(300, 60 * len(next(iter(ranks.values()))["kinds"]) + 140),
+                 "kernels against compute kernels)." + (" Per rank, it shows who waits: a rank that arrives early "
+                 "at a collective waits inside it, so its exposed time grows; the table of collectives across ranks "
+                 "sums that waiting and names the rank the others wait for." if across else "")
+                 + (f" Past {MANY_RANKS} ranks each rank is a point over the kind's box." if many else ""),
+                 xaxis_title="ms per profiled step", barmode="group", boxmode="group",
+                 height=max(300, 60 * len({kind for found in ranks.values() for kind in found["kinds"]}) + 140),
                  margin={"l": 130, "r": 30, "t": 50, "b": 50})
+    if many:
+        _points(fig, ranks)
+        return fig
     for rank, found in ranks.items():
         kinds = found["kinds"]
         names = list(kinds)

@@ -17,6 +17,7 @@ from profiler.analysis import RunData, RunRecord, summary_of
 from profiler.metrics import flatten, lookup
 from profiler.settings import settings_text
 from reports import figures_advice, figures_machine, figures_run, html
+from reports.collectives_across import CAPTION, across_ranks
 
 BANNERS = {
     "failed": ("This run failed after {total} recorded step(s). The figures and tables show what was measured "
@@ -163,4 +164,5 @@ def run_report(run: RunData) -> str:
         what_ran=what_ran(run, summary), verdict=verdict_of(diagnosis, verification),
         summary_rows=text.summary_rows(run.record, summary, run.status), notes=summary.get("notes", []),
         written=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        across=across_ranks(summary), across_caption=CAPTION,
         **run_tables(run, diagnosis, verification))

@@ -88,6 +88,7 @@ def _show(view: data.RunView) -> None:
     _downloads(run)
     st.subheader("Figures")
     widgets.figures(view.figures, key="run")
+    widgets.collectives_across_ranks(view.summary)
     _tables(view, run)
 
 

@@ -180,7 +180,8 @@ def _host_message(f: Figures) -> str:
     if known(f, "gpu_idle", "host_wait"):  # traces: HTA's idle time breakdown and launch statistics
         return (f"the GPU is idle {v(f, 'gpu_idle'):.0f}% of its time, {v(f, 'host_wait'):.0f}% of it waiting for the "
                 f"host to launch the next kernel; {v(f, 'short_kernels'):.0f}% of kernels run shorter than the call "
-                f"that launched them (median launch delay {v(f, 'launch_delay'):.0f} us): the host cannot feed it")
+                f"that launched them (median launch delay {v(f, 'launch_delay'):.0f} us from launch to start, queueing "
+                f"included): the host cannot feed it")
     if known(f, "device_busy"):
         return f"the GPU runs kernels only {v(f, 'device_busy'):.0f}% of the step: the host cannot feed it"
     return (f"{v(f, 'tiny_op_share'):.0f}% of operator time is in calls under 10 us ({v(f, 'op_calls_per_step'):.0f} "

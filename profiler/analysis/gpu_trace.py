@@ -6,8 +6,10 @@ Figures, averaged over the ranks with GPU events:
   several streams twice);
 - `host_wait` (% of that idle time the GPU waits for the host to launch the next kernel, HTA idle
   time breakdown);
-- `launch_delay` (us, median from a launch call's end to its kernel's start) and `short_kernels`
-  (% of kernels shorter than their launch call): evidence of a host that cannot keep up;
+- `launch_delay` (us, median from a launch call's end to its kernel's start, queueing behind the
+  stream's earlier work included: long when the host runs ahead of its GPU) and `short_kernels`
+  (% of kernels shorter than their launch call): together, a short delay and short kernels are
+  evidence of a host that cannot keep up;
 - `comm_exposed` (% of the GPU's time in communication no computation overlaps) and
   `comm_overlap` (% of communication overlapped), where the run has no communication counters
   of its own (summary.comm).

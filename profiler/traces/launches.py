@@ -2,8 +2,12 @@
 starts, and how many GPU events are shorter than the call that launched them.
 
 The launch delay is the GPU start minus the end of the runtime call (window.LAUNCHES: cudaLaunchKernel
-and its kin, ROCm's hipLaunchKernel and kin, MTIA's), at least 0. A GPU event shorter than its
-launch call means the GPU finishes work faster than the host can issue it: host-bound evidence.
+and its kin, ROCm's hipLaunchKernel and kin, MTIA's), at least 0: the time the work waited once issued,
+queueing included. A kernel starts only after the work ahead of it on its stream (and any event the
+stream waits for), so a host running far ahead of its GPU makes the delay long: on the shared A100 job's
+rank 0 (a100_16rank) a median 164 ms of its 216 ms step, as HTA reads it too, every GPU event on its busiest
+stream 38 ms or more after its launch call. Only a short delay (the driver's few us) with GPU events shorter
+than their launch call is host-bound evidence: the GPU finishes work faster than the host can issue it.
 Returns `launch_delay_us.{mean,p50,p90}`, `short_kernel_share` (fraction of launched GPU events)
 and `launches`.
 """
