@@ -2,7 +2,7 @@
 as one table that the run report and the dashboard's run page both show, with the straggler it names.
 
 Read as stored, field by field: a field a summary lacks (an older import, or one from before a field was
-added, such as a kind's process `group`) shows as "-" or leaves its column out, never an error.
+added, such as the process `groups`) shows as "-" or leaves its column out, never an error.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def group_text(group: Any) -> str:
     """A process group as stored: its name or description and its ranks where the mapping has them."""
     if not isinstance(group, Mapping):
         return "-" if group is None else str(group)
-    name = next((str(group[k]) for k in ("name", "desc", "id") if group.get(k) is not None), "")
+    name = " ".join(str(group[k]) for k in ("name", "description") if group.get(k) is not None)
     ranks = group.get("ranks")
     members = f"ranks {', '.join(map(str, ranks))}" if isinstance(ranks, list) else (
         f"{group['size']} ranks" if group.get("size") is not None else "")
@@ -87,25 +87,34 @@ def straggler_text(s: Mapping[str, Any] | None) -> str:
             f"a median {_num(s.get('skew_ms'), 1)} ms after the first rank ({RULE}).")
 
 
+def _groups(across: Mapping[str, Any]) -> list[tuple[Any, Mapping[str, Any]]]:
+    """(group, its kinds) as stored: `groups[]` where the import told process groups apart, else the one
+    set of `kinds` of an import from before groups were."""
+    if isinstance(across.get("groups"), list):
+        return [({k: g.get(k) for k in ("name", "description", "ranks", "size")}, g.get("kinds") or {})
+                for g in across["groups"] if isinstance(g, Mapping)]
+    return [(None, across.get("kinds") or {})]
+
+
 def across_ranks(summary: Mapping[str, Any]) -> AcrossRanks | None:
     """The table of a run whose traces matched collectives across two ranks or more; None otherwise."""
     across = (summary.get("trace") or {}).get("collectives_across_ranks") or {}
-    kinds = across.get("kinds") or {}
-    if not kinds:
+    groups = [(g, kinds) for g, kinds in _groups(across) if kinds]
+    if not groups:
         return None
-    grouped = any(isinstance(k, Mapping) and k.get("group") is not None for k in kinds.values())
+    grouped = across.get("groups_from") == "process_group" or len(groups) > 1
     headers = ["collective", *(["process group"] if grouped else []), "calls matched", "ranks", "skew p50 (ms)",
                "skew p90 (ms)", "last most often", "waiting", "bus bandwidth p50 (GB/s)", "of the link's peak"]
     rows = []
-    for name, k in kinds.items():
-        skew = k.get("skew_ms") or {}
-        waiting = _pct(k.get("waiting_share"))
-        if k.get("time_s") is not None and waiting != "-":
-            waiting += f" of {k['time_s']:.3f} s"
-        rows.append([str(k.get("kind", name)), *([group_text(k.get("group"))] if grouped else []), _calls(k),
-                     str(k.get("ranks", "-")), _num(skew.get("p50"), 2), _num(skew.get("p90"), 2), _last(k), waiting,
-                     *_bandwidth(k)])
+    for group, kinds in groups:
+        for name, k in kinds.items():
+            skew = k.get("skew_ms") or {}
+            waiting = _pct(k.get("waiting_share"))
+            if k.get("time_s") is not None and waiting != "-":
+                waiting += f" of {k['time_s']:.3f} s"
+            rows.append([name, *([group_text(group)] if grouped else []), _calls(k), str(k.get("ranks", "-")),
+                         _num(skew.get("p50"), 2), _num(skew.get("p90"), 2), _last(k), waiting, *_bandwidth(k)])
     first = 2 if grouped else 1
-    links = sorted({str(k["link"]) for k in kinds.values() if k.get("link")})
+    links = sorted({str(k["link"]) for _, kinds in groups for k in kinds.values() if k.get("link")})
     return AcrossRanks(headers, rows, (first, first + 1, first + 2, first + 3, first + 6),
                        straggler_text(across.get("straggler")), links)

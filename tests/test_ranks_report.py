@@ -83,8 +83,10 @@ def test_the_report_tables_each_kind_with_the_stored_figures(job: Path) -> None:
     shown = Page(text)
     assert ("h3", HEADING) in shown.headings
     assert shown.row("collective")[:4] == ["collective", "calls matched", "ranks", "skew p50 (ms)"]
-    assert set(across["kinds"]) >= {"all_to_all", "all_reduce", "reduce_scatter"}
-    for kind, k in across["kinds"].items():
+    (group,) = across["groups"]  # the trace's kernels name no process group: the ranks imported are one
+    assert across["groups_from"] == "ranks" and group["ranks"] == list(range(RANKS))
+    assert set(group["kinds"]) >= {"all_to_all", "all_reduce", "reduce_scatter"}
+    for kind, k in group["kinds"].items():
         row = shown.row(kind)
         assert k["skew_ms"]["p50"] == pytest.approx(DELAY_US / 1e3, abs=1e-3)  # the delay, as the JSON has it
         assert row[1:6] == [str(k["calls"]), str(RANKS), f"{k['skew_ms']['p50']:.2f}", f"{k['skew_ms']['p90']:.2f}",
@@ -128,19 +130,24 @@ def test_a_single_rank_s_report_has_no_such_table(tmp_path: Path) -> None:
 
 
 def test_the_table_takes_the_fields_a_summary_has(job: Path) -> None:
-    """A kind's process `group`, where the summary has one, gets its column; a summary without the
-    straggler, the last rank or the bandwidths still gives a table."""
+    """Process groups, where the import told them apart, get their column; a summary without the straggler,
+    the last rank or the bandwidths still gives a table, and so does one of an import from before groups
+    (its `kinds` at the top)."""
     summary = _stored(job)
-    kinds = summary["trace"]["collectives_across_ranks"]["kinds"]
-    for i, k in enumerate(kinds.values()):
-        k["group"] = {"name": f"pg{i}", "ranks": [0, 2]} if i else "default_pg"
+    across = summary["trace"]["collectives_across_ranks"]
+    (group,) = across["groups"]
+    across["groups_from"] = "process_group"
+    across["groups"] = [{**group, "name": "0", "description": "default_pg"},
+                        {**group, "name": "1", "description": "tp", "ranks": [0, 2], "size": 2}]
     table = across_ranks(summary)
     assert table is not None and table.headers[1] == "process group"
-    assert [r[1] for r in table.rows][:2] == ["default_pg", "pg1 (ranks 0, 2)"]
-    for k in kinds.values():
-        for field in ("group", "last", "busbw_gb_s", "link", "link_peak_gb_s", "waiting_share", "unmatched"):
+    n = len(group["kinds"])
+    everyone = ", ".join(map(str, range(RANKS)))
+    assert [r[1] for r in table.rows] == [f"0 default_pg (ranks {everyone})"] * n + ["1 tp (ranks 0, 2)"] * n
+    for k in group["kinds"].values():
+        for field in ("last", "busbw_gb_s", "link", "link_peak_gb_s", "waiting_share", "unmatched"):
             k.pop(field, None)
-    del summary["trace"]["collectives_across_ranks"]["straggler"]
+    summary["trace"]["collectives_across_ranks"] = {"kinds": group["kinds"]}  # no groups, no straggler
     bare = across_ranks(summary)
     assert bare is not None and "process group" not in bare.headers and bare.links == []
     assert {r[5] for r in bare.rows} == {"-"} and {r[7] for r in bare.rows} == {"no payload bytes"}
@@ -163,7 +170,7 @@ def test_the_dashboard_s_run_page_shows_the_table(job: Path, monkeypatch: pytest
     assert HEADING in [s.value for s in at.subheader]
     (table,) = [d.value for d in at.dataframe if "skew p50 (ms)" in d.value.columns]
     table = table.set_index("collective")
-    for kind, k in across["kinds"].items():
+    for kind, k in across["groups"][0]["kinds"].items():
         assert table.loc[kind, "calls matched"] == str(k["calls"])
         assert table.loc[kind, "skew p90 (ms)"] == f"{k['skew_ms']['p90']:.2f}"
         assert table.loc[kind, "last most often"] == f"rank {LATE}, 100% of calls"
