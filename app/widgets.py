@@ -83,4 +83,6 @@ def collectives_across_ranks(summary: dict[str, Any]) -> None:
     st.subheader("Collectives across ranks")
     table(across.rows, across.headers)
     st.markdown(across.straggler)
+    if across.clocks:
+        st.markdown(across.clocks)
     st.caption(" ".join([CAPTION, *(f"Link peak: {link}." for link in across.links)]))

@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from profiler.traces.collective_skew import LAST_SHARE, MIN_CALLS, SKEW_OF_STEP
+from profiler.traces.collective_skew import LAST_SHARE, MIN_CALLS, SKEW_OF_STEP, clocks_text
 
 CAPTION = ("Each kind's NCCL kernels matched across the ranks (the k-th call of the kind in a step on every rank). "
-           "Skew: the last rank's kernel start minus the first's, per call (on the traces' own clocks: ranks on "
-           "different hosts differ also by their clocks' offset). Waiting: the ranks of a collective finish "
+           "Skew: the last rank's kernel start minus the first's, per call (on one clock: where the ranks' clocks "
+           "differ, their offsets are measured by the calls' common end). Waiting: the ranks of a collective finish "
            "together, so a rank that arrives early waits inside its kernel for the last one; the share is that "
            "waiting over all the kind's kernel time, summed over ranks. Bus bandwidth: payload over the last "
            "rank's kernel time, times NCCL's factor for the kind and the ranks (nccl-tests), against the GPU "
@@ -33,6 +33,8 @@ class AcrossRanks:
     numeric: tuple[int, ...]
     straggler: str
     links: list[str]
+    clocks: str | None
+    """How the ranks' clocks were put together, where they differed."""
 
 
 def _num(value: Any, digits: int, unit: str = "") -> str:
@@ -117,4 +119,4 @@ def across_ranks(summary: Mapping[str, Any]) -> AcrossRanks | None:
     first = 2 if grouped else 1
     links = sorted({str(k["link"]) for _, kinds in groups for k in kinds.values() if k.get("link")})
     return AcrossRanks(headers, rows, (first, first + 1, first + 2, first + 3, first + 6),
-                       straggler_text(across.get("straggler")), links)
+                       straggler_text(across.get("straggler")), links, clocks_text(across.get("clocks")))

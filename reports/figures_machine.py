@@ -164,7 +164,7 @@ def collectives(summary: Mapping[str, Any]) -> go.Figure | None:
     ranks = collectives_by_rank(summary)
     if not ranks:
         return None
-    across = ((summary.get("trace") or {}).get("collectives_across_ranks") or {}).get("kinds")
+    across = (summary.get("trace") or {}).get("collectives_across_ranks")
     many = len(ranks) > MANY_RANKS
     fig = figure("Communication by collective", "Each kind of collective's time a profiled step and the part of it "
                  "no computation overlapped (exposed), per rank, with its payload; from the torch.profiler traces "

@@ -8,6 +8,7 @@ taken mid-run). Tests must not modify them: copy a fixture's directory first (`c
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -35,6 +36,7 @@ if "GLMPERF_CACHE" not in os.environ:
     # the session's own cache (calibrated peaks, probes), shared by the runs and commands it starts, so a
     # test never reads what an earlier session or the user's own commands measured
     os.environ["GLMPERF_CACHE"] = tempfile.mkdtemp(prefix="glmperf-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["GLMPERF_CACHE"], ignore_errors=True)  # left behind, it piles up
 TINY = ["data.corpus=synthetic", "data.seq_len=32", "train.batch_size=4", "profile.trace_window=[1, 1, 2]",
         "profile.sample_hz=20", "profile.flush_interval_s=0.2", "profile.warmup_steps=1"]
 """Overrides that make a `tiny` run take a second or two and flush often."""

@@ -114,16 +114,22 @@ def test_a_bad_workers_or_scheduler_is_one_line_and_no_run(job: Path, tmp_path: 
     assert "Traceback" not in done.stderr and store.list_runs(tmp_path / "runs") == []
 
 
-def _dies_on_the_last(item: int) -> int:
-    """A worker's job that kills its process on the last item, after the others are done."""
+def _dies_on_the_last(job: tuple[int, str]) -> int:
+    """A worker's job that kills its process on the last item, once the others are done (each leaves a
+    file in the job's folder before it returns, and their results have had time to reach the parent)."""
+    item, folder = job
     if item == 3:
+        deadline = time.monotonic() + 60
+        while len(list(Path(folder).iterdir())) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
         time.sleep(0.5)
         os._exit(9)
+    (Path(folder) / str(item)).touch()
     return 2 * item
 
 
-def test_a_worker_that_dies_costs_the_files_not_read_yet_never_those_read() -> None:
+def test_a_worker_that_dies_costs_the_files_not_read_yet_never_those_read(tmp_path: Path) -> None:
     with parallel.pool(workers=2) as where:
-        results = dict(where.completed(_dies_on_the_last, [0, 1, 2, 3]))
+        results = dict(where.completed(_dies_on_the_last, [(i, str(tmp_path)) for i in range(4)]))
     assert {i: results[i] for i in (0, 1, 2)} == {0: 0, 1: 2, 2: 4}
     assert isinstance(results[3], parallel.WorkerDied) and "died" in results[3].why

@@ -145,6 +145,11 @@ def print_collectives(trace: dict[str, Any], out: IO[str]) -> None:
             named = f"  {kind}" if by_args else kind  # under its group's line
             out.write(f"  {named:<24} {k['calls']:>7} x {k['ranks']:<3} | {k['skew_ms']['p50']:5.2f} "
                       f"{k['skew_ms']['p90']:6.2f} ms | {late:>15} | {_pct(k['waiting_share']):>7} | {bus}\n")
+    from profiler.traces.collective_skew import clocks_text  # numpy and pandas: only when there is a table
+
+    clocks = clocks_text(across.get("clocks"))
+    if clocks:
+        out.write(f"clocks: {clocks}\n")
     s = across.get("straggler")
     if s:
         group = f" (process group {s['group']})" if s.get("group") is not None else ""  # absent: an earlier run

@@ -6,8 +6,16 @@ the group and kind (the k-th all-reduce of the tensor-parallel group in step 12 
 rank lacks (a step one trace cut short) is left out. The group is the one the kernel's args name
 (profiler.traces.comm_args: `groups_from` "process_group"); a trace whose kernels name none has its
 calls in one group of the ranks imported (`groups_from` "ranks"), where two groups' calls of a kind
-interleave. Starts are compared on the traces' own clocks (Kineto's epoch microseconds, kept to a quarter
-microsecond here): ranks on different hosts differ also by their clocks' offset, as in HTA and TraceLens.
+interleave.
+
+Clocks: each trace times its events on its own host's clock, and ranks on different hosts differ by their
+clocks' offset (milliseconds under NTP), which HTA and TraceLens leave in their skew. Here the offset is
+measured from the collectives themselves: in an all-reduce, all-gather or reduce-scatter every rank needs
+every other's data to its end, so the ranks' kernels of one call end together (on one host within a few
+microseconds) however late each arrived. A rank's offset is the median, over such calls, of its kernel's end
+minus the call's median end; where the offsets spread wider than CLOCK_TOLERANCE_US, each rank's starts are
+moved by its offset before skew is read (`clocks.aligned`). A rank that is late rather than ahead keeps its
+lateness: the others wait for it inside their kernels, and the ends still meet.
 
 Per call: `skew`, the last start minus the first; the rank that arrived last (none when several share
 the last start); the moving time, the last arriver's kernel duration (it waited least: in a collective
@@ -58,6 +66,12 @@ SKEW_OF_STEP = 0.05
 collective, not once per call: the lateness carries over), the same 5% profiler.traces.ranks counts a
 slow step by; below it the spread is noise of launch order and clocks."""
 
+
+SYNCHRONOUS = ("all_reduce", "all_gather", "reduce_scatter")
+"""Kinds whose ranks all finish together: their kernels' ends give the clocks' offsets (module docstring)."""
+CLOCK_TOLERANCE_US = 100.0
+"""Offsets spread wider than this are clocks, not noise: ranks on one host end a call within a few us, the
+clocks of hosts under NTP differ by milliseconds."""
 
 GROUP = ["group", "group_desc", "group_ranks", "group_size"]
 """A call's process group, as profiler.traces.collectives.CALLS has it ("" and -1 where its args name none)."""
@@ -126,6 +140,47 @@ def matched(calls: Mapping[int, pd.DataFrame], kind: str, group: str = "") -> pd
         "busbw_gb_s": algbw * BUS_FACTOR.get(kind, lambda _: 1.0)(n)})
 
 
+def clock_offsets(calls: Mapping[int, pd.DataFrame]) -> tuple[dict[int, float], int]:
+    """Each rank's clock offset in us (its kernels' ends minus the calls' median ends, median over the
+    SYNCHRONOUS calls matched across all ranks of their group), and the number of calls it rests on."""
+    deviations: list[pd.DataFrame] = []
+    pairs = {key for c in calls.values() for key in zip(c["group"], c["kind"], strict=True) if key[1] in SYNCHRONOUS}
+    for group, kind in sorted(pairs):
+        own = [mine.assign(rank=r) for r, c in calls.items() if len(mine := _of(c, group, kind))]
+        if len(own) < 2:
+            continue
+        ends = pd.concat(own).assign(end_us=lambda f: f["start_us"] + f["dur_us"])
+        wide = ends.set_index(["step", "seq", "rank"])["end_us"].unstack("rank").dropna()
+        deviations.append(wide.sub(wide.median(axis=1), axis=0))
+    if not deviations:
+        return {}, 0
+    each = pd.concat(deviations)
+    return {int(r): float(each[r].median()) for r in each.columns if each[r].notna().any()}, len(each)
+
+
+def _aligned(calls: Mapping[int, pd.DataFrame]) -> tuple[dict[int, pd.DataFrame], dict[str, Any] | None]:
+    """The calls with each rank's starts on one clock where the offsets say the clocks differ, and the
+    `clocks` figures (None without calls to measure them by)."""
+    offsets, used = clock_offsets(calls)
+    if not offsets:
+        return dict(calls), None
+    aligned = max(offsets.values()) - min(offsets.values()) > CLOCK_TOLERANCE_US
+    clocks = {"aligned": aligned, "offsets_us": {str(r): round(o, 3) for r, o in sorted(offsets.items())},
+              "calls": used}
+    if not aligned:
+        return dict(calls), clocks
+    return {r: c.assign(start_us=c["start_us"] - offsets.get(r, 0.0)) for r, c in calls.items()}, clocks
+
+
+def clocks_text(clocks: Mapping[str, Any] | None) -> str | None:
+    """What the clocks' offsets did to the skew, in one sentence; None where they did nothing."""
+    if not clocks or not clocks.get("aligned"):
+        return None
+    offsets = ", ".join(f"rank {r} {o / 1e3:+.3f} ms" for r, o in clocks["offsets_us"].items())
+    return (f"The ranks' clocks differ (offsets measured by {clocks['calls']} collectives' common end: {offsets}); "
+            "starts were put on one clock before their skew was read.")
+
+
 def _median(values: pd.Series) -> float | None:
     return _finite(float(values.median())) if values.notna().any() else None
 
@@ -171,11 +226,13 @@ def _group(calls: Mapping[int, pd.DataFrame], group: str) -> dict[str, Any]:
 
 
 def analyze(calls: Mapping[int, pd.DataFrame], step_s: float, device: str | None) -> dict[str, Any]:
-    """{"groups_from", "groups": [{name, description, ranks, size, "kinds": {kind: figures}}], "straggler": {...}
-    or absent}, from each rank's `rank_calls`; {} under two ranks with calls of a group. `groups_from`:
-    "process_group" where the kernels' args name their groups, else "ranks" (module docstring). `unmatched`:
-    the calls of the rank with the most that found no partner. `step_s`: the median step (NaN: unknown, no
-    straggler named); `device`: the GPU's name."""
+    """{"groups_from", "groups": [{name, description, ranks, size, "kinds": {kind: figures}}], "clocks":
+    {aligned, offsets_us, calls} (module docstring), "straggler": {...} or absent}, from each rank's
+    `rank_calls`; {} under two ranks with calls of a group. `groups_from`: "process_group" where the kernels'
+    args name their groups, else "ranks" (module docstring). `unmatched`: the calls of the rank with the most
+    that found no partner. `step_s`: the median step (NaN: unknown, no straggler named); `device`: the GPU's
+    name."""
+    calls, clocks = _aligned(calls)
     groups: dict[str, dict[str, Any]] = {}
     pairs = {key for c in calls.values() for key in zip(c["group"], c["kind"], strict=True)}
     for group, kind in sorted(pairs, key=lambda p: (p[0] == "", p)):  # the calls that name no group last
@@ -188,4 +245,4 @@ def analyze(calls: Mapping[int, pd.DataFrame], step_s: float, device: str | None
         return {}
     straggler = _straggler(list(groups.values()), step_s)
     return {"groups_from": "process_group" if any(groups) else "ranks", "groups": list(groups.values()),
-            **({"straggler": straggler} if straggler else {})}
+            **({"clocks": clocks} if clocks else {}), **({"straggler": straggler} if straggler else {})}
