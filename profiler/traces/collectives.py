@@ -150,16 +150,16 @@ def _host(trace: Trace) -> pd.DataFrame:
     roles = np.array([_role(n) for n in trace.names] + [OTHER], dtype=np.int8)  # code -1: the last
     role = roles[ev["name"].to_numpy()]
     keep = (ev["stream"].to_numpy() < 0) & ev["cat"].isin(trace.codes(trace.cats, HOST_OPS)).to_numpy() & (role > 0)
-    host = ev.loc[keep, ["name", "thread", "ts", "dur", "input_dims", "input_types"]]
-    out = pd.DataFrame({"role": role[keep], "thread": host["thread"].to_numpy(), "ts": host["ts"].to_numpy(),
-                        "dur": host["dur"].to_numpy()})
+    at = np.flatnonzero(keep)  # then in time order: columns taken once, no frame copied to sort
+    at = at[np.argsort(ev["ts"].to_numpy()[at], kind="stable")]
+    out = pd.DataFrame({"role": role[at], **{c: ev[c].to_numpy()[at] for c in ("thread", "ts", "dur")}})
     named = np.isin(out["role"].to_numpy(), (OP, BACKEND, WAIT))
     lookup = np.array([*trace.names, None], dtype=object)
     for column, source in (("name", "name"), ("dims", "input_dims"), ("types", "input_types")):
         values = np.full(len(out), None, dtype=object)
-        values[named] = lookup[host[source].to_numpy()[named]]
+        values[named] = lookup[ev[source].to_numpy()[at[named]]]
         out[column] = values
-    return out.sort_values("ts", kind="stable", ignore_index=True)
+    return out
 
 
 def _match(ops: pd.DataFrame, backend: pd.DataFrame, lookahead: int = 64) -> list[int]:

@@ -76,6 +76,13 @@ def frame(columns: dict[str, list[Any]], first_row: int) -> pd.DataFrame:
                          **{f: np.asarray(columns[f], dtype=np.int64 if f in COUNTS else object) for f in ARGS}})
 
 
+def joined(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The blocks' `frame`s as one, its text columns objects whichever blocks held none (a concat infers a
+    string dtype from some mixes and not from others)."""
+    out = pd.concat(frames, ignore_index=True)
+    return out.astype({f: object for f in ARGS if f not in COUNTS})
+
+
 def _int(value: Any) -> int:
     try:
         return int(value)

@@ -84,6 +84,7 @@ def analyze_rank(trace: Trace, rank: int, timing: Timing = EXACT
         figures["idle"] = idle.analyze(window)
         figures.update(launches.analyze(window))
     comm, calls = collectives.analyze_calls(trace, n_steps, window)
+    del window  # its copies of the GPU's events: freed before the operator tables take their own
     if comm:
         figures["collectives"] = comm
     tables = {"steps": steps, "ops": op_rows(trace, rank, n_steps), "kernels": kernel_rows(trace, rank, n_steps)}
