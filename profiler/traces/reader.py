@@ -182,7 +182,7 @@ class _Columns:
     def _codes(values: list[Any], table: dict[str, int], text: Any = str) -> np.ndarray:
         codes, uniques = pd.factorize(pd.Series(values, dtype=object), use_na_sentinel=True)
         mapped = np.array([-1 if u == b"null" else table.setdefault(text(u), len(table)) for u in uniques] + [-1],
-                          dtype=np.int64)
+                          dtype=np.int32)  # codes: 4 bytes an event each, not 8
         return mapped[codes]
 
     def add(self, fields: dict[str, list[Any]]) -> None:
@@ -199,7 +199,7 @@ class _Columns:
         pairs, pair_values = pd.factorize(pids * len(tid_values) + tids)
         put["thread"].append(np.array([self.threads.setdefault(
             f"{pid_values[v // len(tid_values)]}/{tid_values[v % len(tid_values)]}", len(self.threads))
-            for v in pair_values.tolist()], dtype=np.int64)[pairs])
+            for v in pair_values.tolist()], dtype=np.int32)[pairs])
         put["pid"].append(np.array([p if isinstance(p, int) else -1 for p in fields["pid"]], dtype=np.int64))
         put["ts"].append(self._times(fields["ts"]))
         put["dur"].append(np.asarray(fields["dur"], dtype=np.float64))
