@@ -125,7 +125,7 @@ def _is_complete(ph: Any, cat: Any, dur: Any) -> bool:
     return dur is not None and cat is not None and cat != "Trace" and ph == "X"
 
 
-def _records(events: list[Any]) -> dict[str, list[Any]]:
+def _records(events: list[Any]) -> dict[str, Any]:
     """The kept fields of the complete events of `events` (typed records), field by field."""
     xs = [e for e in events if type(e) is _Event and e.dur is not None and e.cat is not None and e.cat != "Trace"]
     args = [e.args or _NO_ARGS for e in xs]
@@ -140,7 +140,7 @@ def _records(events: list[Any]) -> dict[str, list[Any]]:
             "comms": comm_args.of_records(args)}
 
 
-def _dicts(events: Iterable[Any]) -> dict[str, list[Any]]:
+def _dicts(events: Iterable[Any]) -> dict[str, Any]:
     """The same from plain JSON objects (orjson or ijson), checking what the typed records check."""
     xs = []
     for e in events:
@@ -185,7 +185,7 @@ class _Columns:
                           dtype=np.int32)  # codes: 4 bytes an event each, not 8
         return mapped[codes]
 
-    def add(self, fields: dict[str, list[Any]]) -> None:
+    def add(self, fields: dict[str, Any]) -> None:
         n = len(fields["ts"])
         if not n:
             return
@@ -333,7 +333,7 @@ def _last_event_end(text: bytearray) -> tuple[int, int]:
     return 0, 0
 
 
-def _loads_array(buf: bytearray, end: int) -> dict[str, list[Any]]:
+def _loads_array(buf: bytearray, end: int) -> dict[str, Any]:
     """The events of buf[:end + 1] as fields, buf[0] being `[` and buf[end] made `]` for the parse
     (restored after); _NotFast where that is not a run of whole events."""
     saved, buf[end] = buf[end], ord("]")
