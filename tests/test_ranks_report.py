@@ -7,45 +7,27 @@ figures the import stored in run.json; a single rank's report has no such table.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import io
 import json
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from benchmarks.import_ranks import tile_ranks
 from profiler.cli import main
 from reports.collectives_across import across_ranks
 from reports.figures_machine import MANY_RANKS
+from tests.test_collective_report import DELAY_US, SOURCE, _later, _rewrite, _waits
 from tests.test_dashboard import page, texts
 from tests.test_report_browser import CHROMIUM, ERRORS, chromium
 from tests.test_report_pages import Page, values
 
-SOURCE = Path("/work/shared/data/traces/a100_16rank/rank-0.json.gz")
-RANKS, LATE, DELAY_US = 6, 5, 20_000.0
+RANKS, LATE = 6, 5
 """Past MANY_RANKS: the per-rank collectives figure draws a point a rank."""
 HEADING = "Collectives across ranks"
 
 pytestmark = pytest.mark.skipif(not SOURCE.exists(), reason="the shared traces are not on this machine")
-
-
-def _rewrite(path: Path, change: Any) -> None:
-    trace = orjson.loads(gzip.decompress(path.read_bytes()))
-    for event in trace["traceEvents"]:
-        change(event)
-    path.write_bytes(gzip.compress(orjson.dumps(trace), compresslevel=1))
-
-
-def _later(event: dict[str, Any]) -> None:
-    event["ts"] += DELAY_US
-
-
-def _waits(event: dict[str, Any]) -> None:
-    if event.get("cat") == "kernel" and event.get("name", "").startswith("nccl"):
-        event["dur"] += DELAY_US
 
 
 def _import(root: Path, ranks: int) -> Path:
