@@ -78,7 +78,7 @@ def test_rerunning_the_user_s_command_confirms_each_change_advised(slow_run: tup
     else:
         assert "TrainingArguments.bf16" not in advised
     code, out, err = _glmperf("recommend", run.name, "--runs-dir", str(runs), "--probe-budget", "0", "--top",
-                              str(len(recommendations)), "--verify", "--repeats", "2", "--max-repeats", "4", "--",
+                              str(len(recommendations)), "--verify", "--repeats", "2", "--max-repeats", "6", "--",
                               *_script(runs))
     assert code == 0, err
     assert "as it is, interleaved with a fresh baseline" in out
