@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from profiler.traces.collective_skew import LAST_SHARE, MIN_CALLS, SKEW_OF_STEP, clocks_text
+from profiler.traces.collective_skew import LAST_SHARE, MIN_CALLS, SKEW_OF_STEP, clocks_text, ranks_text
 
 CAPTION = ("Each kind's NCCL kernels matched across the ranks (the k-th call of the kind in a step on every rank). "
            "Skew: the last rank's kernel start minus the first's, per call (on one clock: where the ranks' clocks "
@@ -51,7 +51,7 @@ def group_text(group: Any) -> str:
         return "-" if group is None else str(group)
     name = " ".join(str(group[k]) for k in ("name", "description") if group.get(k) is not None)
     ranks = group.get("ranks")
-    members = f"ranks {', '.join(map(str, ranks))}" if isinstance(ranks, list) else (
+    members = f"ranks {ranks_text(ranks)}" if isinstance(ranks, list) else (
         f"{group['size']} ranks" if group.get("size") is not None else "")
     return " ".join(p for p in (name, f"({members})" if name and members else members) if p) or "-"
 

@@ -114,9 +114,9 @@ def _group_name(group: dict[str, Any]) -> str:
     if group["name"] is None:
         return "calls that name no process group"
     desc = f" ({group['description']})" if group["description"] else ""
-    ranks = group["ranks"]
-    shown = str(ranks) if len(ranks) <= 8 else f"[{ranks[0]}, {ranks[1]}, ..., {ranks[-1]}]"
-    return f"process group {group['name']}{desc}: {group['size']} ranks {shown}"
+    from profiler.traces.collective_skew import ranks_text  # numpy and pandas: only when there is a table
+
+    return f"process group {group['name']}{desc}: {group['size']} ranks [{ranks_text(group['ranks'])}]"
 
 
 def print_collectives(trace: dict[str, Any], out: IO[str]) -> None:

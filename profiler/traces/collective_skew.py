@@ -109,18 +109,29 @@ def _of(calls: pd.DataFrame, group: str, kind: str) -> pd.DataFrame:
     return calls[(calls["kind"] == kind).to_numpy() & (calls["group"] == group).to_numpy()]
 
 
+def _pivot(calls: Mapping[int, pd.DataFrame], kind: str, group: str) -> tuple[pd.DataFrame, int] | None:
+    """The calls of `group` and `kind` that every rank with any of them has, a row each and a column per rank
+    under `start_us`, `dur_us` and `bytes`; and the largest `Group size` their args give (0: none). None
+    under two ranks with such calls."""
+    own = [mine.assign(rank=r) for r, c in sorted(calls.items()) if len(mine := _of(c, group, kind))]
+    if len(own) < 2:
+        return None
+    long = pd.concat(own)
+    sizes = long["group_size"].to_numpy(dtype=np.int64)
+    wide = long.set_index(["step", "seq", "rank"])[["start_us", "dur_us", "bytes"]].unstack("rank")
+    return wide[wide["start_us"].notna().all(axis=1)], int(sizes.max()) if (sizes > 0).any() else 0
+
+
 def matched(calls: Mapping[int, pd.DataFrame], kind: str, group: str = "") -> pd.DataFrame:
     """The calls of `group` and `kind` matched across the ranks that have any (each rank's `rank_calls`), one
     row each: `step`, `seq`, `ranks` (matched), `group_size` (the n of the bus factor), `skew_us`, `last` (the
     rank that started last, -1 when several did), `moving_us`, `waiting_us` (summed over the ranks), `time_us`
     (kernel time, summed), `bytes`, `algbw_gb_s` and `busbw_gb_s` (module docstring)."""
-    own = [mine.assign(rank=r) for r, c in sorted(calls.items()) if len(mine := _of(c, group, kind))]
-    if len(own) < 2:
+    pivoted = _pivot(calls, kind, group)
+    if pivoted is None:
         return pd.DataFrame(columns=["step", "seq", "ranks", "group_size", "skew_us", "last", "moving_us",
                                      "waiting_us", "time_us", "bytes", "algbw_gb_s", "busbw_gb_s"])
-    sizes = pd.concat(own)["group_size"].to_numpy(dtype=np.int64)
-    wide = pd.concat(own).set_index(["step", "seq", "rank"])[["start_us", "dur_us", "bytes"]].unstack("rank")
-    wide = wide[wide["start_us"].notna().all(axis=1)]
+    wide, size = pivoted
     ranks = wide["start_us"].columns.to_numpy()
     start, dur = wide["start_us"].to_numpy(), wide["dur_us"].to_numpy()
     latest = start.max(axis=1)
@@ -129,7 +140,7 @@ def matched(calls: Mapping[int, pd.DataFrame], kind: str, group: str = "") -> pd
     payload = wide["bytes"].median(axis=1).to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(moving > 0, payload / moving / 1e3, np.nan)  # bytes per us / 1e3: GB/s
-    n = int(sizes.max()) if (sizes > 0).any() else len(ranks)
+    n = size or len(ranks)
     return pd.DataFrame({
         "step": wide.index.get_level_values("step"), "seq": wide.index.get_level_values("seq"), "ranks": len(ranks),
         "group_size": n,
@@ -146,12 +157,10 @@ def clock_offsets(calls: Mapping[int, pd.DataFrame]) -> tuple[dict[int, float], 
     deviations: list[pd.DataFrame] = []
     pairs = {key for c in calls.values() for key in zip(c["group"], c["kind"], strict=True) if key[1] in SYNCHRONOUS}
     for group, kind in sorted(pairs):
-        own = [mine.assign(rank=r) for r, c in calls.items() if len(mine := _of(c, group, kind))]
-        if len(own) < 2:
-            continue
-        ends = pd.concat(own).assign(end_us=lambda f: f["start_us"] + f["dur_us"])
-        wide = ends.set_index(["step", "seq", "rank"])["end_us"].unstack("rank").dropna()
-        deviations.append(wide.sub(wide.median(axis=1), axis=0))
+        pivoted = _pivot(calls, kind, group)
+        if pivoted is not None:
+            ends = pivoted[0]["start_us"] + pivoted[0]["dur_us"]
+            deviations.append(ends.sub(ends.median(axis=1), axis=0))
     if not deviations:
         return {}, 0
     each = pd.concat(deviations)
@@ -170,6 +179,13 @@ def _aligned(calls: Mapping[int, pd.DataFrame]) -> tuple[dict[int, pd.DataFrame]
     if not aligned:
         return dict(calls), clocks
     return {r: c.assign(start_us=c["start_us"] - offsets.get(r, 0.0)) for r, c in calls.items()}, clocks
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """A group's ranks as printed: all of a short list, the ends of a long one (a group of 512 ranks is one
+    cell of a table)."""
+    shown = ranks if len(ranks) <= 8 else [ranks[0], ranks[1], "...", ranks[-1]]
+    return ", ".join(map(str, shown))
 
 
 def clocks_text(clocks: Mapping[str, Any] | None) -> str | None:

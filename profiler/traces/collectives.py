@@ -198,14 +198,22 @@ def _exposed(starts: np.ndarray, ends: np.ndarray, busy: tuple[np.ndarray, np.nd
     return intervals.length(*union) - intervals.overlap(union, busy)
 
 
-def _launched_in(trace: Trace, *outers: tuple[pd.DataFrame, pd.Series]) -> pd.Series:
-    """What each launch call (index: its correlation) was made in: the value of the event of `outers` around
-    it (host events in time order, with a value each: their kind, their position), a later one of `outers`
-    winning."""
+def _launch_calls(trace: Trace) -> pd.DataFrame:
+    """Each launch call once (the host's first event of each correlation): `thread`, `ts`, `correlation`.
+    Taken once per trace and shared: every reader of launches would otherwise filter all its events again."""
+    ev = trace.events
+    corr = ev["correlation"].to_numpy()
+    at = np.flatnonzero((ev["stream"].to_numpy() < 0) & (corr >= 0))
+    calls = pd.DataFrame({c: ev[c].to_numpy()[at] for c in ("thread", "ts", "correlation")})
+    return calls.drop_duplicates("correlation", ignore_index=True)
+
+
+def _launched_in(calls: pd.DataFrame, *outers: tuple[pd.DataFrame, pd.Series]) -> pd.Series:
+    """What each launch call of `calls` (_launch_calls; index: its correlation) was made in: the value of the
+    event of `outers` around it (host events in time order, with a value each: their kind, their position),
+    a later one of `outers` winning."""
     if not any(len(events) for events, _ in outers):
         return pd.Series(dtype=object)
-    ev = trace.events
-    calls = ev[(ev["stream"] < 0) & (ev["correlation"] >= 0)].drop_duplicates("correlation")
     thread, ts = calls["thread"].to_numpy(), calls["ts"].to_numpy()
     kinds = np.full(len(calls), None, dtype=object)
     for events, kind in outers:
@@ -219,7 +227,7 @@ def _kind_by_name(name: str) -> str:
     return next((kind for key, kind in _KERNEL_KIND if key in name), "send_recv")
 
 
-def _arg_events(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _arg_events(trace: Trace, calls: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The collective events' args (comm_args.described): the host's of a known kind (`record_param_comms`,
     with `thread`, `ts`, `dur`, in time order; not a work's `wait`, whose group size is 1), and each launch's
     (index: its correlation): the kernel's own, else those of the host's event its launch call was made in."""
@@ -231,7 +239,7 @@ def _arg_events(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     host = host.sort_values("ts", kind="stable", ignore_index=True)
     corr = ev["correlation"].to_numpy()
     own = args[on_gpu & (corr >= 0)].set_axis(corr[on_gpu & (corr >= 0)])
-    inside = _launched_in(trace, (host, pd.Series(np.arange(len(host)))))
+    inside = _launched_in(calls, (host, pd.Series(np.arange(len(host)))))
     inherited = host[list(args)].iloc[inside.to_numpy(dtype=np.int64)].set_axis(inside.index)
     launches = pd.concat([own, inherited[~inherited.index.isin(own.index)]]) if len(inherited) else own
     return host, launches[~launches.index.duplicated()]
@@ -277,7 +285,7 @@ CALLS = ["kind", "launch_us", "start_us", "dur_us", "bytes", *GROUP]
 """Columns of `kernel_calls`."""
 
 
-def _kernel_calls(trace: Trace, launched: pd.Series, op_at: pd.Series, op_bytes: np.ndarray,
+def _kernel_calls(trace: Trace, calls: pd.DataFrame, launched: pd.Series, op_at: pd.Series, op_bytes: np.ndarray,
                   launches: pd.DataFrame) -> pd.DataFrame:
     """Each NCCL kernel of the whole trace (not HTA's window: profiler.traces.collective_skew matches the
     ranks' calls one by one, and an incomplete last step's find no partner): its kind (as `_gpu_times`
@@ -289,7 +297,6 @@ def _kernel_calls(trace: Trace, launched: pd.Series, op_at: pd.Series, op_bytes:
     gpu = ev[(ev["stream"].to_numpy() >= 0) & comm[ev["name"].to_numpy()] & (ev["correlation"].to_numpy() >= 0)]
     if gpu.empty:
         return pd.DataFrame(columns=CALLS)
-    launch = ev[(ev["stream"] < 0) & (ev["correlation"] >= 0)].drop_duplicates("correlation")
     corr = gpu["correlation"]
     start, end = times(gpu)
     op = corr.map(op_at).astype(float).fillna(-1).astype(np.int64)
@@ -297,7 +304,7 @@ def _kernel_calls(trace: Trace, launched: pd.Series, op_at: pd.Series, op_bytes:
     by_name = gpu["name"].map(lambda code: _kind_by_name(trace.names[code]))
     return pd.DataFrame({
         "kind": corr.map(launches["kind"]).astype(object).fillna(corr.map(launched)).fillna(by_name).to_numpy(),
-        "launch_us": corr.map(launch.set_index("correlation")["ts"]).to_numpy(dtype=float),
+        "launch_us": corr.map(calls.set_index("correlation")["ts"]).to_numpy(dtype=float),
         "start_us": start, "dur_us": end - start,
         "bytes": np.where(op.to_numpy() >= 0, np.append(op_bytes, math.nan)[op.to_numpy()] / kernels_of_op,
                           corr.map(launches["bytes"]).to_numpy(dtype=float)),
@@ -351,9 +358,10 @@ def analyze_calls(trace: Trace, steps: int, window: Window | None = None) -> tup
     from_backend = ops["bytes"].isna().to_numpy() & has
     ops.loc[from_backend, "bytes"] = backend["bytes"].to_numpy()[matched[from_backend]]
     name = backend["library"].iloc[0] if len(backend) else ("nccl" if (trace.events["stream"] >= 0).any() else "")
-    arg_host, launches = _arg_events(trace)
+    launch_table = _launch_calls(trace)
+    arg_host, launches = _arg_events(trace, launch_table)
     from_args = ops["bytes"].isna().to_numpy() & (len(trace.comms) > 0)
-    op_at = _launched_in(trace, (ops, pd.Series(np.arange(len(ops)), index=ops.index))) \
+    op_at = _launched_in(launch_table, (ops, pd.Series(np.arange(len(ops)), index=ops.index))) \
         if name == "nccl" or from_args.any() else pd.Series(dtype=object)
     if from_args.any():
         ops.loc[from_args, "bytes"] = _arg_bytes(ops, arg_host, launches, op_at)[from_args]
@@ -361,9 +369,9 @@ def analyze_calls(trace: Trace, steps: int, window: Window | None = None) -> tup
     kinds: dict[str, dict[str, float]] = {}
     gpu: dict[str, tuple[float, float]] = {}
     if name == "nccl":  # the operator's kind wins over its backend event's (gloo runs a reduce-scatter as all-reduce)
-        launched = _launched_in(trace, (backend, backend["kind"]), (ops, ops["kind"]))
+        launched = _launched_in(launch_table, (backend, backend["kind"]), (ops, ops["kind"]))
         gpu, out["kernels_by"] = _gpu_times(window or hta_window(trace), launched, launches["kind"].dropna())
-        calls = _kernel_calls(trace, launched, op_at, ops["bytes"].to_numpy(dtype=float), launches)
+        calls = _kernel_calls(trace, launch_table, launched, op_at, ops["bytes"].to_numpy(dtype=float), launches)
     for kind in set(gpu) - set(ops["kind"]):  # kernels of operators outside the window, or named by no operator
         kinds[kind] = {"calls": math.nan, "bytes": math.nan, "time_s": gpu[kind][0] / 1e6 / steps,
                        "exposed_s": gpu[kind][1] / 1e6 / steps}
