@@ -77,7 +77,7 @@ def tile(source: Path, out: Path, mb: float) -> int:
 CHILD = {
     "glmperf": "from profiler.capture.import_traces import import_traces; import_traces(TRACE_DIR, runs_dir=RUNS)",
     "glmperf, orjson only": ("from profiler.capture.import_traces import import_traces\n"
-                             "from profiler.traces import reader; reader._DECODER = None\n"
+                             "from profiler.traces import blocks; blocks._DECODER = None\n"
                              "import_traces(TRACE_DIR, runs_dir=RUNS)"),
     "hta": ("import logging; logging.disable(logging.WARNING)\n"
             "from hta.trace_analysis import TraceAnalysis; TraceAnalysis(trace_dir=str(TRACE_DIR))"),

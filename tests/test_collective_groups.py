@@ -22,7 +22,7 @@ from benchmarks.import_ranks import tile_ranks
 from profiler import store
 from profiler.analysis import load_run
 from profiler.cli import main
-from profiler.traces import collective_skew, collectives, comm_args, reader
+from profiler.traces import blocks, collective_skew, collectives, comm_args, reader
 from profiler.traces.reader import read_trace
 from profiler.traces.steps import step_rows
 from profiler.traces.summary import Analyzed, analyze_traces
@@ -82,7 +82,7 @@ def test_the_a100_collectives_have_the_bytes_their_kernels_args_give() -> None:
 
 
 def _not_fast(*_: object) -> dict[str, Any]:
-    raise reader._NotFast
+    raise blocks.NotFast
 
 
 @pytest.mark.parametrize(("name", "kind"), [
@@ -115,7 +115,7 @@ def test_an_all_gather_counts_its_output_and_a_reduce_scatter_its_input(tmp_path
 def test_every_parser_keeps_the_collective_events_args_alone(parser: str, monkeypatch: pytest.MonkeyPatch) -> None:
     fast = read_trace(RCCL)
     if parser == "orjson":
-        monkeypatch.setattr(reader, "_DECODER", None)
+        monkeypatch.setattr(blocks, "_DECODER", None)
     elif parser == "streaming":
         monkeypatch.setattr(reader, "_fast_read", _not_fast)
     trace = read_trace(RCCL)

@@ -23,7 +23,7 @@ import pytest
 from profiler import store
 from profiler.cli import main
 from profiler.metrics import flatten
-from profiler.traces import idle, kernel_types, launches, reader, temporal
+from profiler.traces import blocks, idle, kernel_types, launches, reader, temporal
 from profiler.traces.reader import Trace, read_trace
 from profiler.traces.summary import analyze_rank, analyze_traces
 from profiler.traces.window import EXACT, HTA, Timing, Window, hta_window
@@ -70,7 +70,7 @@ def test_short_kernels_idle_is_the_exact_one_tracelens_reports(tmp_path: Path,
 
 
 def _not_fast(*_: object) -> dict:
-    raise reader._NotFast
+    raise blocks.NotFast
 
 
 @pytest.mark.parametrize("parser", ["blocks", "streaming"])

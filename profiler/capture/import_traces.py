@@ -49,14 +49,14 @@ def import_traces(trace_dir: str | Path, *, name: str | None = None, runs_dir: P
                   workers: int | None = None, scheduler: str | None = None,
                   progress: Callable[[str], None] | None = None) -> Imported:
     """Import every trace in `trace_dir` (or the one trace file it names) as one run, read by `workers`
-    processes (default: one per CPU, at most one per file) or on the Dask `scheduler` (`local` or an address),
-    each file done told to `progress`; raises ImportFailed when none can be read, SchedulerError when the
-    scheduler cannot be used."""
+    processes (default: one per CPU, at most one per file; one large file alone has its blocks parsed by them
+    all) or on the Dask `scheduler` (`local` or an address), each file done told to `progress`; raises
+    ImportFailed when none can be read, SchedulerError when the scheduler cannot be used."""
     trace_dir = Path(trace_dir)
     files = trace_files(trace_dir)
     if not files:
         raise ImportFailed(f"no chrome traces (*.json, *.json.gz) in {trace_dir}")
-    workers = workers or parallel.default_workers(len(files), os.cpu_count())
+    workers = workers or parallel.default_workers(os.cpu_count())
     analyzed = analyze_traces(files, workers=workers, scheduler=scheduler, progress=progress)
     if not analyzed.paths:
         raise ImportFailed("no trace could be imported: " + "; ".join(f["error"] for f in analyzed.failed))

@@ -27,7 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--name", help="run name (default: the directory's name, or the file's without .json[.gz])")
     p.add_argument("--workers", type=common.positive_int, metavar="N", help="processes reading the rank files at "
                    "once, one trace each at a time (default: one per CPU, at most one per file; 1: this process "
-                   "alone); with --scheduler local, the Dask workers")
+                   "alone); a single large trace has its blocks parsed by that many processes; with --scheduler "
+                   "local, the Dask workers")
     p.add_argument("--scheduler", type=_scheduler, metavar="ADDRESS|local", help="read the files on a Dask "
                    "cluster: the address of its scheduler (tcp://HOST:PORT; its workers need glmperf installed), or "
                    "`local` for a LocalCluster of --workers processes here (needs Dask: pip install "

@@ -38,9 +38,10 @@ class SchedulerError(ValueError):
     """The Dask scheduler asked for cannot be used: Dask is not installed, or nothing answers at the address."""
 
 
-def default_workers(files: int, cpus: int | None) -> int:
-    """One worker per CPU, never more than there are files (at least one)."""
-    return max(1, min(files, cpus or 1))
+def default_workers(cpus: int | None) -> int:
+    """One worker per CPU (at least one); analyze_traces starts no more than there are files, and gives one large
+    file's blocks to them all."""
+    return max(1, cpus or 1)
 
 
 @dataclass
@@ -66,13 +67,21 @@ def pool(workers: int = 1, scheduler: str | None = None) -> Iterator[Pool]:
     elif workers == 1:
         yield Pool({"workers": 1, "scheduler": "processes"}, lambda fn, items: enumerate(map(fn, items)))
     else:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(PRELOAD)
-        executor = ProcessPoolExecutor(max_workers=workers, mp_context=context)
-        try:
+        with processes(workers) as executor:
             yield Pool({"workers": workers, "scheduler": "processes"}, functools.partial(_pool_completed, executor))
-        finally:  # on an error or Ctrl-C, the files not started are not read
-            executor.shutdown(cancel_futures=True)
+
+
+@contextmanager
+def processes(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """`workers` processes forked by the forkserver (module docstring); on leaving, on an error or Ctrl-C too,
+    the work not started is dropped."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    executor = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    try:
+        yield executor
+    finally:
+        executor.shutdown(cancel_futures=True)
 
 
 @dataclass

@@ -137,21 +137,24 @@ class Part:
     meta: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     calls: pd.DataFrame = field(default_factory=pd.DataFrame)
+    readers: int = 1
+    """The processes that parsed its blocks (Trace.readers)."""
 
     def as_rank(self, rank: int) -> dict[str, pd.DataFrame]:
         """The tables with their rows' `rank` the one the merge gave the file."""
         return {name: df if df.empty or rank == self.rank else df.assign(rank=rank) for name, df in self.tables.items()}
 
 
-def read_part(path: Path, timing: Timing = EXACT) -> Part:
-    """Read and analyze one file, holding its trace only here: what each worker does for each file."""
+def read_part(path: Path, timing: Timing = EXACT, workers: int = 1) -> Part:
+    """Read and analyze one file, holding its trace only here: what each worker does for each file; `workers`:
+    processes parsing its blocks (read_trace)."""
     try:
-        trace = read_trace(path)
+        trace = read_trace(path, workers)
     except TraceError as exc:
         return Part(path, error=str(exc))
     rank = rank_of(trace)
     figures, tables, calls = analyze_rank(trace, -1 if rank is None else rank, timing)
-    return Part(path, rank, figures, tables, trace.meta, calls=calls)
+    return Part(path, rank, figures, tables, trace.meta, calls=calls, readers=trace.readers)
 
 
 def analyze_traces(files: list[Path], timing: Timing = EXACT, *, workers: int = 1, scheduler: str | None = None,
@@ -159,8 +162,11 @@ def analyze_traces(files: list[Path], timing: Timing = EXACT, *, workers: int = 
     """Read and analyze each file (one trace in memory at a time per worker), then merge them in file order;
     `timing`: how the GPU figures read event times (`hta` only to compare with HTA's own figures). The files
     are read in this process for one worker and no scheduler, else as profiler.traces.parallel says; of
-    several, each one done is told to `progress`. A worker's profiling sessions make one rank
-    (profiler.traces.sessions)."""
+    several, each one done is told to `progress`. One file alone has its blocks parsed by `workers` processes
+    (where it is large). A worker's profiling sessions make one rank (profiler.traces.sessions)."""
+    if len(files) == 1 and not scheduler:
+        part = read_part(files[0], timing, workers)
+        return _merged([part], timing, {"workers": part.readers, "scheduler": "processes"})
     parts: list[Part | None] = [None] * len(files)
     with parallel.pool(min(workers, max(1, len(files))), scheduler) as where:
         for done, (i, part) in enumerate(where.completed(functools.partial(read_part, timing=timing), files), 1):
