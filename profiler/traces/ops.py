@@ -18,6 +18,16 @@ from profiler.traces.reader import Trace
 
 HOST_OPS = ("cpu_op", "user_annotation")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+NO_SHAPES = "[]"
+"""`input_shapes` where the trace recorded none, as of an operator without inputs."""
+
+
+def _code(table: list[str], text: str) -> int:
+    """`text`'s code in `table`, -1 when absent: the shapes' code with which no recorded shapes group."""
+    try:
+        return table.index(text)
+    except ValueError:
+        return -1
 
 
 CHUNK = 65_536
@@ -88,14 +98,14 @@ def op_rows(trace: Trace, rank: int, steps: int) -> pd.DataFrame:
     total_device = _subtree_sums(self_device, parent, is_op & (parent >= 0))
     ops, dur, child_time = at[is_op], dur[is_op], child_time[is_op]
     self_device, total_device = self_device[is_op], total_device[is_op]
-    names = np.asarray(trace.names, dtype=object)
     dims = ev["input_dims"].to_numpy()[ops]
-    table = pd.DataFrame({"name": names[ev["name"].to_numpy()[ops]],
-                          "input_shapes": np.where(dims >= 0, names[np.maximum(dims, 0)], "[]"), "calls": 1,
-                          "self_cpu_s": (dur - child_time) / 1e6, "cpu_total_s": dur / 1e6,
+    table = pd.DataFrame({"name": ev["name"].to_numpy()[ops], "input_shapes": np.where(dims >= 0, dims, _code(
+        trace.names, NO_SHAPES)), "calls": 1, "self_cpu_s": (dur - child_time) / 1e6, "cpu_total_s": dur / 1e6,
                           "self_device_s": self_device / 1e6, "device_total_s": total_device / 1e6,
                           "flops": np.nan_to_num(ev["flops"].to_numpy()[ops], nan=0.0)})
-    out = table.groupby(["name", "input_shapes"], as_index=False, sort=False).sum()
+    out = table.groupby(["name", "input_shapes"], as_index=False, sort=False).sum()  # by codes: one per string
+    names = np.asarray([*trace.names, NO_SHAPES], dtype=object)  # code -1: no shapes recorded
+    out["name"], out["input_shapes"] = names[out["name"].to_numpy()], names[out["input_shapes"].to_numpy()]
     return out.assign(rank=rank, self_cpu_memory_bytes=0.0, self_device_memory_bytes=0.0, steps=steps)[
         ["rank", "name", "input_shapes", "calls", "self_cpu_s", "cpu_total_s", "self_device_s", "device_total_s",
          "self_cpu_memory_bytes", "self_device_memory_bytes", "flops", "steps"]]

@@ -78,21 +78,20 @@ def step_rows(trace: Trace, rank: int) -> pd.DataFrame:
     wrapped = named(BACKWARD)
     backward = _spans(ev, wrapped if wrapped.any() else
                       host & names.str.contains(OLD_BACKWARD).to_numpy()[codes])
-    op_mask = host & np.isin(cats, trace.codes(trace.cats, HOST_OPS)) & ~is_step
-    comm_spans = _gpu_by_launch(trace)
-    rows = []
     ts, dur, thread = ev["ts"].to_numpy(), ev["dur"].to_numpy(), ev["thread"].to_numpy()
+    ops = _Ops(ts, dur, thread, host & np.isin(cats, trace.codes(trace.cats, HOST_OPS)) & ~is_step)
+    comm_spans = _Launched(_gpu_by_launch(trace))
+    rows = []
     for i in np.flatnonzero(is_step):
         lo, hi = ts[i], ts[i] + dur[i]
         d, o = _inside(data, lo, hi), _inside(optimizer, lo, hi)
         b = _inside(backward, lo, hi)
         first_backward = b[0][0] if len(b[0]) else hi
-        fwd_mask = op_mask & (thread == thread[i]) & (ts < first_backward) & (ts + dur > lo)
-        f = intervals.clip(*_spans(ev, fwd_mask), lo, first_backward)
+        f = intervals.clip(*ops.on_thread(thread[i], lo, first_backward), lo, first_backward)
         data_s, optimizer_s = _minus(d), _minus(o, d)
         backward_s, forward_s = _minus(b, d, o), _minus(f, d, o)
-        in_forward = min(_exposed_comm(comm_spans, lo, first_backward), forward_s)
-        in_backward = min(_exposed_comm(comm_spans, first_backward, hi), backward_s)
+        in_forward = min(comm_spans.exposed(lo, first_backward), forward_s)
+        in_backward = min(comm_spans.exposed(first_backward, hi), backward_s)
         comm_s = in_forward + in_backward
         row = {"step": int(step_no[i]), "rank": rank, "ts_end": (hi + trace.base_us) / 1e6, "step_s": dur[i] / 1e6,
                "host_s": dur[i] / 1e6, "data_s": data_s / 1e6, "h2d_s": 0.0,
@@ -119,13 +118,41 @@ def _gpu_by_launch(trace: Trace) -> pd.DataFrame:
     return out[out["kind"].isin((COMMUNICATION, COMPUTATION)) & out["launch"].notna()]
 
 
-def _exposed_comm(gpu: pd.DataFrame, lo: float, hi: float) -> float:
-    """Communication time of the kernels launched in [lo, hi) that no computation kernel overlaps (us)."""
-    here = gpu[(gpu["launch"] >= lo) & (gpu["launch"] < hi)]
-    comm = here[here["kind"] == COMMUNICATION]
-    if comm.empty:
-        return 0.0
-    comp = here[here["kind"] == COMPUTATION]
-    comm_u = intervals.merge(comm["ts"].to_numpy(), comm["end"].to_numpy())
-    comp_u = intervals.merge(comp["ts"].to_numpy(), comp["end"].to_numpy())
-    return float((comm_u[1] - comm_u[0]).sum()) - intervals.overlap(comm_u, comp_u)
+class _Ops:
+    """Host operators sorted by start, for the ones of a thread that overlap a window: a slice found by binary
+    search per step, where a mask over every event per step cost a pass over millions of them each."""
+
+    def __init__(self, ts: np.ndarray, dur: np.ndarray, thread: np.ndarray, mask: np.ndarray) -> None:
+        at = np.flatnonzero(mask)
+        at = at[np.argsort(ts[at], kind="stable")]
+        self.ts, self.end, self.thread = ts[at], ts[at] + dur[at], thread[at]
+        self.reach = float((self.end - self.ts).max(initial=0.0)) + 1.0
+        """The longest operator, and a microsecond for rounding: none starting earlier than a window's start less
+        this overlaps it."""
+
+    def on_thread(self, thread: int, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+        """The merged spans of `thread`'s operators that start before `hi` and end after `lo`."""
+        part = slice(np.searchsorted(self.ts, lo - self.reach), np.searchsorted(self.ts, hi))
+        keep = (self.thread[part] == thread) & (self.end[part] > lo)
+        return intervals.merge(self.ts[part][keep], self.end[part][keep])
+
+
+class _Launched:
+    """_gpu_by_launch's kernels sorted by launch time, as arrays: a step's are a slice."""
+
+    def __init__(self, gpu: pd.DataFrame) -> None:
+        gpu = gpu.sort_values("launch", kind="stable")
+        self.launch, self.kind = gpu["launch"].to_numpy(dtype=float), gpu["kind"].to_numpy()
+        self.ts, self.end = gpu["ts"].to_numpy(dtype=float), gpu["end"].to_numpy(dtype=float)
+
+    def exposed(self, lo: float, hi: float) -> float:
+        """Communication time of the kernels launched in [lo, hi) that no computation kernel overlaps (us)."""
+        part = slice(np.searchsorted(self.launch, lo), np.searchsorted(self.launch, hi))
+        kind, ts, end = self.kind[part], self.ts[part], self.end[part]
+        comm = kind == COMMUNICATION
+        if not comm.any():
+            return 0.0
+        comp = kind == COMPUTATION
+        comm_u = intervals.merge(ts[comm], end[comm])
+        comp_u = intervals.merge(ts[comp], end[comp])
+        return float((comm_u[1] - comm_u[0]).sum()) - intervals.overlap(comm_u, comp_u)
