@@ -38,7 +38,7 @@ import pandas as pd
 from profiler.traces import comm_args, intervals
 from profiler.traces.ops import HOST_OPS
 from profiler.traces.reader import Trace
-from profiler.traces.window import COMMUNICATION, COMPUTATION, Window, hta_window, times
+from profiler.traces.window import COMMUNICATION, COMPUTATION, Window, hta_window, per_code, times
 from profiler.traces.window import kind as gpu_kind
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "send_recv", "all_to_all")
@@ -301,7 +301,8 @@ def _kernel_calls(trace: Trace, calls: pd.DataFrame, launched: pd.Series, op_at:
     start, end = times(gpu)
     op = corr.map(op_at).astype(float).fillna(-1).astype(np.int64)
     kernels_of_op = op.map(op.value_counts()).to_numpy()
-    by_name = gpu["name"].map(lambda code: _kind_by_name(trace.names[code]))
+    by_name = pd.Series(per_code(gpu["name"].to_numpy(), lambda code: _kind_by_name(trace.names[code])),
+                        index=gpu.index)
     return pd.DataFrame({
         "kind": corr.map(launches["kind"]).astype(object).fillna(corr.map(launched)).fillna(by_name).to_numpy(),
         "launch_us": corr.map(calls.set_index("correlation")["ts"]).to_numpy(dtype=float),

@@ -23,8 +23,9 @@ of summary.trace use this window so that they mean what HTA's do.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -83,6 +84,17 @@ class Window:
     """Host events with a correlation (runtime calls): `name` (str), `correlation`, `ts`, `dur`."""
 
 
+def per_code(codes: np.ndarray, of: Callable[[int], Any]) -> np.ndarray:
+    """`of` each code, computed once per distinct code: an event's name's kind, say, over millions of events."""
+    distinct, at = np.unique(codes, return_inverse=True)
+    return np.array([of(int(code)) for code in distinct] + [None], dtype=object)[:-1][at]
+
+
+def _text(values: np.ndarray) -> pd.Series:
+    """Strings as an object column: pandas would copy millions of them into an Arrow string column."""
+    return pd.Series(values, dtype=object, copy=False)
+
+
 def hta_window(trace: Trace, timing: Timing = EXACT) -> Window:
     ev = trace.events
     ts, end = times(ev, timing)
@@ -97,14 +109,14 @@ def hta_window(trace: Trace, timing: Timing = EXACT) -> Window:
         cut = ts[is_step].max()
         host &= ts < cut
         on_gpu &= np.where(corr >= 0, np.isin(corr, corr[host]), ts < cut)
-    gpu = pd.DataFrame({"name": names[name_codes[on_gpu]], "stream": ev["stream"].to_numpy()[on_gpu],
+    codes = name_codes[on_gpu]
+    gpu = pd.DataFrame({"name": _text(names[codes]), "stream": ev["stream"].to_numpy()[on_gpu],
                         "correlation": corr[on_gpu], "ts": ts[on_gpu], "end": end[on_gpu]})
     gpu["dur"] = gpu["end"] - gpu["ts"]
-    kinds = {n: kind(n) for n in gpu["name"].unique()}
-    gpu["kind"] = gpu["name"].map(kinds)
+    gpu["kind"] = _text(per_code(codes, lambda code: kind(trace.names[code])))
     cats = np.asarray(trace.cats, dtype=object)[ev["cat"].to_numpy()[on_gpu]]
     gpu["is_kernel"] = np.isin(cats, KERNEL_CATS)
     linked = host & (corr >= 0)
-    runtime = pd.DataFrame({"name": names[name_codes[linked]], "correlation": corr[linked],
+    runtime = pd.DataFrame({"name": _text(names[name_codes[linked]]), "correlation": corr[linked],
                             "ts": ts[linked], "dur": end[linked] - ts[linked]})
     return Window(gpu=gpu, host=runtime)
