@@ -72,11 +72,11 @@ def pool(workers: int = 1, scheduler: str | None = None) -> Iterator[Pool]:
 
 
 @contextmanager
-def processes(workers: int) -> Iterator[ProcessPoolExecutor]:
-    """`workers` processes forked by the forkserver (module docstring); on leaving, on an error or Ctrl-C too,
-    the work not started is dropped."""
+def processes(workers: int, preload: Sequence[str] = PRELOAD) -> Iterator[ProcessPoolExecutor]:
+    """`workers` processes forked by the forkserver (module docstring), which imports `preload` first (where this
+    process starts it); on leaving, on an error or Ctrl-C too, the work not started is dropped."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
+    context.set_forkserver_preload(list(preload))
     executor = ProcessPoolExecutor(max_workers=workers, mp_context=context)
     try:
         yield executor

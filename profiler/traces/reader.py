@@ -125,7 +125,7 @@ def _parsers(workers: int) -> Iterator[Parse]:
         sent.add(future)
         return future
 
-    with parallel.processes(workers - 1) as executor:
+    with parallel.processes(workers - 1, preload=["profiler.traces.blocks"]) as executor:
         yield parse
 
 
