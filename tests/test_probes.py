@@ -197,7 +197,8 @@ def test_a_change_a_probe_measured_slower_is_dropped_with_its_figures(completed_
     (dropped,) = [e for e in advice["excluded"] if e["set"] == modelled["set"]]
     assert dropped["reason"].startswith("measured on this machine: tokens/s -")
     assert "probe: 8 rounds" in dropped["reason"]
-    assert advice["probes"] == {"budget_s": 0.0, "spent_s": 0.0, "measured": 0, "cached": 1}
+    assert advice["probes"] == {"budget_s": 0.0, "spent_s": 0.0, "measured": 0, "cached": 1,
+                                "changes": [{"set": modelled["set"], "state": "cached", "rounds": 8, "cost_s": 1.0}]}
 
 
 def test_without_probes_every_range_says_it_is_modelled_and_how_to_measure_it(completed_run: Path, tmp_path: Path,
