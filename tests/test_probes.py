@@ -134,8 +134,9 @@ def test_recorded_verifications_widen_the_advice_and_say_so(completed_run: Path,
 @pytest.fixture(scope="module")
 def fp32_small_no_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     runs = tmp_path_factory.mktemp("fp32")
+    # --probe-budget 0: recommend probes it itself (profile-run's own end-probe: tests/test_end_probe.py)
     proc = cli("--preset", "small", "--steps", "8", "--no-trace", "--set=profile.warmup_steps=2", "--name", "plain",
-               runs_dir=runs)
+               "--probe-budget", "0", runs_dir=runs)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     return runs
