@@ -1,8 +1,9 @@
 """profile-run's end-probe: a completed one-process run's advice probed in the run's own process, into
 the cache `glmperf recommend` reads, within `--probe-budget`; a failure or Ctrl-C never costs the run.
 
-Real `tiny` runs with a fresh probe cache each: the advice a `--no-trace` fp32 run gets is explored
-(the changes that make compute faster), bf16 among them only where the CPU runs it natively.
+Real `tiny` runs with a fresh probe cache each. What a tiny run is advised depends on the machine (no
+bottleneck: the changes that make compute faster are explored, bf16 among them only where the CPU runs it
+natively; a step the optimizer dominates: its own changes): the end-probe measures what recommend would.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def test_a_run_probes_its_advice_at_its_end_and_recommend_reads_it_from_the_cach
     end = record["end_probes"]
     measured = [c["set"] for c in end["changes"] if c["state"] == "measured"]
     assert end["budget_s"] == 30 and end["measured"] == len(measured) >= 1 and end["seconds"] > 0
-    assert (BF16 in measured) == NATIVE  # emulated bf16 is never advised, so never probed
+    assert NATIVE or BF16 not in [c["set"] for c in end["changes"]]  # emulated bf16 is never advised nor probed
     assert all(c["state"] == "left" for c in end["changes"] if "switches.compile.mode" in c["set"])
     line = out.splitlines()[-1]
     assert line.startswith(f"probed {len(measured)} change") and f"`glmperf recommend {record['id']}` uses" in line
