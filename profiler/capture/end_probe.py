@@ -15,7 +15,6 @@ before it is cached.
 from __future__ import annotations
 
 import contextlib
-import gc
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -50,7 +49,6 @@ def probe_at_end(run_dir: Path, *, budget_s: float,
     started = time.perf_counter()
     try:
         with sigterm_as_interrupt():
-            gc.collect()  # the run's own trainer, before the probes build theirs
             advice = advise(load_run(run_dir), probes=ProbeBudget(total_s=budget_s, dearest=False),
                             progress=progress)
             probes = advice.get("probes", {})  # none where nothing is advised
