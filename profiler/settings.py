@@ -54,8 +54,9 @@ class ProfileConfig(Section):
     """Serve live Prometheus metrics while the job runs on this port (rank r: the port + its local
     rank); 0 serves none. docs/monitoring.md."""
     probe_budget_s: float = 10.0
-    """One's own training (the Hugging Face and Lightning callbacks): seconds at the train end to measure the advice's
-    changes on the model and a batch of the run (profiler.capture.own_probe); 0: none."""
+    """Seconds at the train end to measure the advice's changes on this machine; 0: none. profile-run (one process):
+    the reference trainer's probes, cached for `glmperf recommend` (profiler.capture.end_probe); one's own training
+    (the Hugging Face and Lightning callbacks): on the model and a batch of the run (profiler.capture.own_probe)."""
     metrics_host: str = "0.0.0.0"
     """The address the metrics are served on: every interface, so that the cluster's Prometheus can
     scrape the job; 127.0.0.1 keeps them on this host."""

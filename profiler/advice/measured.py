@@ -62,6 +62,9 @@ class ProbeBudget:
 
     total_s: float = 120.0
     per_change_s: float = 15.0
+    dearest: bool = True
+    """Probe the DEAREST changes too. A run's own end does not: their one-off cost (compile time) is no
+    part of a budget a probe can stop at, so they are left to `glmperf recommend`."""
 
 
 def _shares(figures: Figures) -> dict[str, float]:
@@ -253,25 +256,50 @@ def why_not_probed(rec: Mapping[str, Any], run: RunData) -> str | None:
     return None
 
 
-def _probe_one(prober: Prober, rec: Mapping[str, Any], budget_s: float, progress: Callable[[str], None] | None,
-               width: float) -> tuple[Probe | None, bool, str | None]:
-    """(the probe, whether it was cached, why there is none)."""
+@dataclass(frozen=True)
+class Outcome:
+    """What asking for one change's probe gave: its probe, or why none (`why`)."""
+
+    probe: Probe | None
+    state: str = "measured"
+    """"measured" now, "cached", "left" (not now: the budget was spent, or compile at a run's end; a later
+    `glmperf recommend` probes it), "failed" (a trainer raised), "refused" (it cannot be probed here)."""
+    why: str | None = None
+
+    def as_json(self, change: Mapping[str, Any]) -> dict[str, Any]:
+        """The change and what became of it, for the advice's `probes.changes`."""
+        if self.probe is None:
+            return {"set": dict(change), "state": self.state, "why": self.why}
+        return {"set": dict(change), "state": self.state, "rounds": self.probe.rounds,
+                "cost_s": round(self.probe.cost_s, 1)}
+
+
+def _probe_one(prober: Prober, rec: Mapping[str, Any], budget: ProbeBudget, spent: float,
+               progress: Callable[[str], None] | None, width: float) -> Outcome:
     key = prober.key(rec["set"])
     found = cached(key)
     if found is not None:
-        return found, True, None
+        return Outcome(found, "cached")
+    if not budget.dearest and _dearest(rec):
+        return Outcome(None, "left", "its compile time is no part of a budget a probe can stop at: "
+                       "`glmperf recommend` probes it")
+    budget_s = min(budget.per_change_s, budget.total_s - spent)
     if budget_s < MIN_PROBE_S:
-        return None, False, "the probe budget was spent (--probe-budget)"
+        return Outcome(None, "left", "the probe budget was spent (--probe-budget)")
     if progress is not None:
         progress(f"probing {settings_text(rec['set'])} (up to {budget_s:.0f} s)")
     try:
         found = prober.measure(rec["set"], budget_s=budget_s, memory=rec["judged_by"] == "peak_memory", width=width)
     except ProbeError as exc:
-        return None, False, str(exc)
+        return Outcome(None, "refused", str(exc))
     except Exception as exc:  # the change failed in a trainer: the advice stands, modelled
-        return None, False, f"the probe failed: {type(exc).__name__}: {exc}"
+        return Outcome(None, "failed", f"the probe failed: {type(exc).__name__}: {exc}")
     keep(key, found)
-    return found, False, None
+    return Outcome(found)
+
+
+def _dearest(rec: Mapping[str, Any]) -> bool:
+    return any(k.startswith(DEAREST) for k in rec["set"])
 
 
 def _refusal(rec: Mapping[str, Any], explored: bool) -> str | None:
@@ -297,23 +325,26 @@ def probe_advice(run: RunData, advice: Mapping[str, Any], figures: Figures, budg
 
     Recommendations are probed best first (by their modelled score) until the budget is spent. A change
     a probe measured slower is dropped to `excluded` with its figures; an explored advice (no rule fired)
-    keeps only the changes whose measured interval clears MIN_GAIN."""
+    keeps only the changes whose measured interval clears MIN_GAIN. `probes` says what probing cost:
+    `changes`, each change a probe could measure and what became of it (Outcome.as_json), and
+    `at_run_end`, what profile-run measured at the run's end (run.json `end_probes`)."""
     explored = bool(advice.get("explored"))
     severity = severities(SPEED_ASSUMED if explored else advice)
-    recs, excluded = [], list(advice["excluded"])
+    recs, excluded, changes = [], list(advice["excluded"]), []
     spent, measured, reused = 0.0, 0, 0
     threads = int(run.rank(0).get("torch_threads") or 0) or None
     spreads = {m: run_to_run(m, run.device) for m in ("tokens_per_s", "peak_memory")}
     width = max(RELATIVE_WIDTH, run_to_run_width(spreads["tokens_per_s"].sigma))
     with Prober(run.config, device=run.device, threads=threads) as prober:
-        order = sorted(advice["recommendations"], key=lambda r: any(k.startswith(DEAREST) for k in r["set"]))
+        order = sorted(advice["recommendations"], key=_dearest)
         for original in order:
             rec = {**original, "expected": {**original["expected"], "source": "modelled"}}
             reason = why_not_probed(rec, run)
             found = None
             if reason is None:
-                found, was_cached, reason = _probe_one(prober, rec, min(budget.per_change_s, budget.total_s - spent),
-                                                       progress, width)
+                outcome = _probe_one(prober, rec, budget, spent, progress, width)
+                found, was_cached, reason = outcome.probe, outcome.state == "cached", outcome.why
+                changes.append(outcome.as_json(rec["set"]))
             if found is None:
                 rec["expected"]["not_probed"] = reason
             else:
@@ -331,5 +362,8 @@ def probe_advice(run: RunData, advice: Mapping[str, Any], figures: Figures, budg
                 rec["notes"] = [*rec["notes"], "no rule fired on this run: a probe measured this gain on this machine"]
             recs.append(rec)
     recs.sort(key=lambda r: r["score"], reverse=True)
-    return {**advice, "recommendations": recs, "excluded": excluded,
-            "probes": {"budget_s": budget.total_s, "spent_s": round(spent, 1), "measured": measured, "cached": reused}}
+    probes = {"budget_s": budget.total_s, "spent_s": round(spent, 1), "measured": measured, "cached": reused,
+              "changes": changes}
+    if "end_probes" in run.record:  # what profile-run measured at the run's end, in its own process
+        probes["at_run_end"] = run.record["end_probes"]
+    return {**advice, "recommendations": recs, "excluded": excluded, "probes": probes}

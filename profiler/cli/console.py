@@ -112,8 +112,10 @@ def print_recommendations(run_id: str, advice: Mapping[str, Any], out: TextIO) -
         _print_block("     change: " if "change" in r else "     try: ", to_try(r), out)
     probes = advice.get("probes")
     if probes:
+        end = probes.get("at_run_end")
+        at_end = f"; {end['measured']} measured at the run's end in {end['seconds']:.1f} s" if end else ""
         print(f"  probes: {probes['measured']} measured in {probes['spent_s']:.0f} s, {probes['cached']} cached "
-              f"(budget {probes['budget_s']:.0f} s)", file=out)
+              f"(budget {probes['budget_s']:.0f} s{at_end})", file=out)
     elif recs and advice.get("framework"):
         print(f"  (verify them: `glmperf recommend {run_id} --verify -- COMMAND` reruns the command that trained it "
               f"with each change)", file=out)
