@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -132,23 +133,26 @@ def test_recorded_verifications_widen_the_advice_and_say_so(completed_run: Path,
 
 
 @pytest.fixture(scope="module")
-def fp32_small_no_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fp32_small_no_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """(the runs, the environment of the commands that read them: a probe cache of their own, which no earlier
+    `small` run's end-probe has filled)."""
     runs = tmp_path_factory.mktemp("fp32")
+    env = {**os.environ, "GLMPERF_CACHE": str(tmp_path_factory.mktemp("fp32-cache"))}
     # --probe-budget 0: recommend probes it itself (profile-run's own end-probe: tests/test_end_probe.py)
     proc = cli("--preset", "small", "--steps", "8", "--no-trace", "--set=profile.warmup_steps=2", "--name", "plain",
-               "--probe-budget", "0", runs_dir=runs)
+               "--probe-budget", "0", runs_dir=runs, env=env)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    return runs
+    return runs, env
 
 
 def test_a_no_trace_fp32_run_gets_bf16_measured_where_the_cpu_runs_it_natively_verified_and_reused(
-        fp32_small_no_trace: Path) -> None:
-    runs = fp32_small_no_trace
+        fp32_small_no_trace: tuple[Path, dict[str, str]]) -> None:
+    runs, env = fp32_small_no_trace
     # enough budget for bf16 whatever order the run's modelled ranges put the explored changes in
     # (up to 15 s each, compile last)
     started = time.perf_counter()
-    out = glmperf("recommend", "plain", "--runs-dir", str(runs), "--json", "--probe-budget", "60")
+    out = glmperf("recommend", "plain", "--runs-dir", str(runs), "--json", "--probe-budget", "60", env=env)
     measuring_s = time.perf_counter() - started
     assert out.returncode == 0, out.stderr
     advice = json.loads(out.stdout)
@@ -166,18 +170,19 @@ def test_a_no_trace_fp32_run_gets_bf16_measured_where_the_cpu_runs_it_natively_v
         stored = store.read_run(Path(run["path"]))["diagnosis"]["recommendations"]
         assert [r["expected"]["source"] for r in stored if r["set"] == rec["set"]] == ["measured"]
         page = Path(run["path"]) / "measured.html"
-        assert glmperf("report", "plain", "--runs-dir", str(runs), "-o", str(page)).returncode == 0
+        assert glmperf("report", "plain", "--runs-dir", str(runs), "-o", str(page), env=env).returncode == 0
         assert f"tokens/s {tps['low']:+.0f}% to {tps['high']:+.0f}% (measured)" in page.read_text()
         # rerunning it measures what the probe did: the verification's interval and the probe's overlap
         out = glmperf("recommend", "plain", "--runs-dir", str(runs), "--json", "--probe-budget", "1", "--verify",
-                      "--top", "1", "--repeats", "2", "--steps", "12", "--no-progress")
+                      "--top", "1", "--repeats", "2", "--steps", "12", "--no-progress", env=env)
         assert out.returncode == 0, out.stderr
         (result,) = json.loads(out.stdout)["verification"]["results"]
         assert result["set"] == rec["set"]
         m = result["measured"]
         assert m["low_pct"] <= tps["high"] and tps["low"] <= m["high_pct"], (tps, m)
     started = time.perf_counter()  # a budget too small to start a probe: what it has is the cache's
-    again = json.loads(glmperf("recommend", "plain", "--runs-dir", str(runs), "--json", "--probe-budget", "1").stdout)
+    again = json.loads(glmperf("recommend", "plain", "--runs-dir", str(runs), "--json", "--probe-budget", "1",
+                               env=env).stdout)
     assert again["probes"]["measured"] == 0 and again["probes"]["cached"] == advice["probes"]["measured"] > 0
     measured = [r for r in again["recommendations"] if r["expected"]["source"] == "measured"]
     assert all(r["expected"]["probe"]["cached"] for r in measured)
