@@ -26,7 +26,7 @@ import pandas as pd
 
 from profiler.traces import intervals
 from profiler.traces.reader import Trace
-from profiler.traces.window import COMMUNICATION, COMPUTATION, kind, times
+from profiler.traces.window import COMMUNICATION, COMPUTATION, kind, per_code, times
 
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 DATA = "enumerate(DataLoader)"
@@ -112,8 +112,8 @@ def _gpu_by_launch(trace: Trace) -> pd.DataFrame:
     if gpu.empty:
         return pd.DataFrame(columns=["kind", "launch", "ts", "end"])
     start, end = times(gpu)
-    kinds = {code: kind(trace.names[code]) for code in gpu["name"].unique()}
-    out = pd.DataFrame({"kind": gpu["name"].map(kinds).to_numpy(), "ts": start, "end": end,
+    out = pd.DataFrame({"kind": per_code(gpu["name"].to_numpy(), lambda code: kind(trace.names[code])),
+                        "ts": start, "end": end,
                         "launch": gpu["correlation"].map(launch.set_index("correlation")["ts"]).to_numpy()})
     return out[out["kind"].isin((COMMUNICATION, COMPUTATION)) & out["launch"].notna()]
 
