@@ -1,7 +1,7 @@
 """How attention's cost grows with sequence length: eager vs sdpa vs causal linear, forward+backward.
 
 One attention call (B=1, H=4 query heads, KV=4, hd=64, causal), the three functions of
-optimizers.attention, timed interleaved at each T. The ratio t(4T)/t(T) per kernel shows the
+optimizers.attention_kernels, timed interleaved at each T. The ratio t(4T)/t(T) per kernel shows the
 growth: ~16x for softmax attention (O(T^2*hd) FLOPs), ~4x for linear attention (O(T*hd^2), plus
 O(T*C*hd) inside its chunks of C=64). At short T fixed per-call overheads flatten both ratios.
 
@@ -28,7 +28,7 @@ from benchmarks.common import (
     table,
     write_result,
 )
-from optimizers.attention import eager_attention, linear_attention, sdpa_attention
+from optimizers.attention_kernels import eager_attention, linear_attention, sdpa_attention
 
 B, H, KV, HD = 1, 4, 4, 64
 CHUNK = 64
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> str:
     out += (f"- mode: {mode}; {args.rounds} interleaved rounds after 2 warmup (4x as many up to T=1024, half "
             "(at least 3) above T=4096); "
             f"median {clock}\n- shape: B={B}, H={H}, KV={KV}, head_dim={HD}, causal, {args.dtype}; linear "
-            f"attention chunk {CHUNK} (optimizers.attention.linear_attention)\n"
+            f"attention chunk {CHUNK} (optimizers.attention_kernels.linear_attention)\n"
             "- FLOPs: softmax 3 x 4*B*H*T^2*hd (no causal discount); linear 3 x B*H*T*(4*C*hd + 4*hd^2); "
             "growth = t(T) / t(previous T): ~16x per 4x T is quadratic, ~4x is linear\n\n")
     out += table(["kernel", "T", "ms (fwd+bwd)", "GFLOP (est.)", "GFLOP/s", "growth t(T)/t(T/4)",

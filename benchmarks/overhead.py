@@ -34,8 +34,9 @@ from benchmarks.common import fmt, header, median, paired_ratio, table, write_re
 from profiler import store
 from profiler.capture.run import profile_run
 from profiler.config import load_config
-from profiler.instruments import CpuBackend, Sampler, StepTimer
 from profiler.instruments.prometheus import Figures
+from profiler.instruments.samplers import CpuBackend, Sampler
+from profiler.instruments.step_timer import StepTimer
 from profiler.settings import ProfileConfig
 from reference_model.hooks import TrainerHook, TrainStart
 from reference_model.trainer import Trainer

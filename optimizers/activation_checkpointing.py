@@ -17,15 +17,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-from torch import nn
-from torch.utils.checkpoint import checkpoint
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from optimizers.base import Optimization, SetupContext, TrainSetup, blocks
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
 from optimizers.vocabulary import Bottleneck
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass
@@ -43,6 +43,8 @@ class ActivationCheckpointingConfig(Section):
 
 def _checkpointed_call(inner: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     # preserve_rng_state (the default) replays dropout masks exactly in the recompute
+    from torch.utils.checkpoint import checkpoint
+
     return checkpoint(inner, *args, use_reentrant=False, **kwargs)
 
 
@@ -67,6 +69,7 @@ def chosen_blocks(layers: nn.ModuleList, mode: str, every: int) -> list[nn.Modul
     A block shared by several positions (parameter sharing) is one instance, so it is checkpointed
     wherever it runs once any of its positions is chosen.
     """
+
     chosen: dict[int, nn.Module] = {}
     for position, block in enumerate(layers):
         if mode == "full" or position % every == 0:

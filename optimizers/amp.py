@@ -13,14 +13,15 @@ only in spirit. bf16 has fp32's exponent range, so it needs no scaler: we add on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from optimizers.base import Optimization, SetupContext, Switches, TrainSetup
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
 from optimizers.vocabulary import Bottleneck, Capability
+
+if TYPE_CHECKING:
+    pass
 
 
 @dataclass
@@ -38,18 +39,18 @@ class AmpConfig(Section):
         self.check_range("init_scale", lo=0, hi=2.0**64, lo_open=True)
         self.check_range("growth_interval", lo=1, hi=10**9)
 
-DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
 # torch.amp.GradScaler documents these device types (its unscale kernel exists for them).
 _SCALER_DEVICE_TYPES = ("cuda", "cpu")
 
 
 def apply_amp(setup: TrainSetup, cfg: AmpConfig, ctx: SetupContext) -> None:
     """Set the autocast dtype; for fp16 also a GradScaler on the run's device type."""
+    import torch
+
     if cfg.dtype == "off":
         setup.note("amp", "off: fp32 compute")
         return
-    setup.autocast_dtype = DTYPES[cfg.dtype]
+    setup.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
     if cfg.dtype == "fp16":
         # fp16's 5-bit exponent underflows small gradients to zero: scale the loss up, unscale after
         setup.scaler = torch.amp.GradScaler(ctx.device.type, init_scale=cfg.init_scale,
@@ -61,6 +62,8 @@ def apply_amp(setup: TrainSetup, cfg: AmpConfig, ctx: SetupContext) -> None:
 
 
 def _check_device(switches: Switches, ctx: SetupContext) -> str | None:
+    import torch
+
     dtype = switches.amp.dtype
     if dtype == "off":
         return None

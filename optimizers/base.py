@@ -6,6 +6,9 @@ scaler, ... the trainer runs) and an `Optimization` record with its facts: the b
 addresses and its candidate changes (optimizers.vocabulary, optimizers.facts) besides the prose.
 The model protocol a switch may rely on is small (see `blocks`), so the catalog works on a user's
 own model too.
+
+The catalog's facts load without torch (commands that only read stored runs start without it): the switch
+modules import torch inside the functions that build or run a setup, and name its types for checkers only.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast, overload
 
-import torch
-from torch import nn
-
 from optimizers.config import ConfigError, Section
 from optimizers.facts import Candidate
 from optimizers.vocabulary import Bottleneck, Capability
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 log = logging.getLogger("glmperf.optimizers")
 
@@ -35,6 +39,12 @@ class ModelShape:
     num_kv_heads: int
     hidden_size: int
     intermediate_size: int
+
+
+def _cpu() -> torch.device:
+    import torch
+
+    return torch.device("cpu")
 
 
 def model_shape(model: nn.Module) -> ModelShape | None:
@@ -68,7 +78,7 @@ class SetupContext:
     """Tokens per sample (memory-fitting switches build trial batches of this shape)."""
     objective: str
     """causal or blank_infilling (linear attention can run only the first)."""
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    device: torch.device = field(default_factory=_cpu)
     world_size: int = 1
     rank: int = 0
     memory_budget_bytes: int | None = None
@@ -96,7 +106,7 @@ class StepMonitor(Protocol):
 
 
 class Pipeline(Protocol):
-    """A pipeline schedule as the trainer and the later stages see it (optimizers.pipeline.PipelineRunner)."""
+    """A pipeline schedule as the trainer and the later stages see it (optimizers.pipeline_schedule.PipelineRunner)."""
 
     @property
     def modules(self) -> Sequence[nn.Module]:
@@ -188,7 +198,8 @@ class SelfAttention(Protocol):
     """What the switches set of a block's `self_attn`."""
 
     attention_fn: Callable[..., torch.Tensor]
-    """`fn(q, k, v, *, mask, scale) -> Tensor` (optimizers.attention.AttentionFn), replaced by the attention switch."""
+    """`fn(q, k, v, *, mask, scale) -> Tensor` (optimizers.attention_kernels.AttentionFn), replaced by the
+    attention switch."""
 
 
 class FeedForward(Protocol):
@@ -226,6 +237,8 @@ def blocks(model: nn.Module) -> BlockList:
     touch of a block by name is typed by `SelfAttention` and `FeedForward`; the head counts are optional
     (`model_shape` is None without them).
     """
+    from torch import nn
+
     found = getattr(model, "blocks", None)
     if not isinstance(found, nn.ModuleList):
         raise TypeError(

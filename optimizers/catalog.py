@@ -13,8 +13,6 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from torch import nn
-
 from optimizers import (
     activation_checkpointing,
     amp,
@@ -82,6 +80,8 @@ for _step in ORDER:
 # picklable and names it where it lives. Its fields exist only once ORDER is read, so to a type
 # checker it is the base it derives from (`Switches`: a section read by name).
 if TYPE_CHECKING:
+    from torch import nn
+
     SwitchesConfig = Switches
 else:
     SwitchesConfig = dataclasses.make_dataclass(

@@ -17,17 +17,15 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, ClassVar
-
-import torch
-import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-from torch.nn.parallel import DistributedDataParallel
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from optimizers.base import Optimization, SetupContext, Switches, TrainSetup
 from optimizers.config import ConfigError, Section
 from optimizers.facts import Candidate, Effect
 from optimizers.vocabulary import Bottleneck, Capability
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -49,7 +47,13 @@ class DdpConfig(Section):
 
 TIMEOUT_ENV = "GLMPERF_DIST_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 60.0
-_WIRE_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _wire_dtype(comm_hook: str) -> torch.dtype | None:
+    """The dtype a compressing hook sends gradients in; None: they travel in their own."""
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(comm_hook)
 
 
 def local_rank() -> int:
@@ -59,6 +63,8 @@ def local_rank() -> int:
 
 def resolve_backend(cfg: DdpConfig, device: torch.device) -> str:
     """auto: NCCL for CUDA tensors, gloo for CPU tensors."""
+    import torch.distributed as dist
+
     if cfg.backend != "auto":
         return cfg.backend
     return "nccl" if device.type == "cuda" and dist.is_nccl_available() else "gloo"
@@ -88,6 +94,9 @@ def gloo_all_reduces(dtype: torch.dtype) -> bool:
     A private one-rank gloo group runs the same dtype dispatch as a real one ("Invalid scalar
     type" when missing) in milliseconds, without touching the default process group.
     """
+    import torch
+    import torch.distributed as dist
+
     group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=10))
     try:
         # torch's stubs declare allreduce on ProcessGroup only; its backends (gloo here) have it at run time too
@@ -99,6 +108,8 @@ def gloo_all_reduces(dtype: torch.dtype) -> bool:
 
 def init_process_group(cfg: DdpConfig, ctx: SetupContext) -> str:
     """Join torchrun's group (env://) unless the caller already has; returns the backend."""
+    import torch.distributed as dist
+
     if dist.is_initialized():
         return dist.get_backend()
     backend = resolve_backend(cfg, ctx.device)
@@ -110,11 +121,15 @@ def init_process_group(cfg: DdpConfig, ctx: SetupContext) -> str:
 def _bf16_hook(state, bucket):
     """torch's bf16_compress_hook under another name: DDP refuses a hook *named* bf16_compress_hook
     unless CUDA and NCCL 2.10+; our checks decide instead, from what the backend really supports."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
     return default_hooks.bf16_compress_hook(state, bucket)
 
 
 def _torch_hook(cfg: DdpConfig, ctx: SetupContext) -> tuple[Callable, Any]:
     """torch's hook for `cfg.comm_hook` and its state."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
     if cfg.comm_hook == "fp16":
         return default_hooks.fp16_compress_hook, None
     if cfg.comm_hook == "bf16":
@@ -145,6 +160,9 @@ def bucket_cap_mb(cfg: DdpConfig, backend: str, model: torch.nn.Module) -> float
 
 
 def apply_ddp(setup: TrainSetup, cfg: DdpConfig, ctx: SetupContext) -> None:
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
     if setup.mesh is not None:
         setup.note("ddp", "not applied: the parallel layout synchronizes gradients itself (switches.parallel)")
         return
@@ -166,7 +184,7 @@ def apply_ddp(setup: TrainSetup, cfg: DdpConfig, ctx: SetupContext) -> None:
                                     gradient_as_bucket_view=True)
     hook, state = _torch_hook(cfg, ctx)
     if ctx.wrap_comm_hook is not None:
-        hook = ctx.wrap_comm_hook(hook, _WIRE_DTYPE.get(cfg.comm_hook))
+        hook = ctx.wrap_comm_hook(hook, _wire_dtype(cfg.comm_hook))
     model.register_comm_hook(state, hook)
     setup.model, setup.no_sync = model, model.no_sync
     extra = f" (rank {cfg.powersgd_rank}, from step {state.start_powerSGD_iter})" if state is not None else ""
@@ -181,6 +199,8 @@ def apply_ddp(setup: TrainSetup, cfg: DdpConfig, ctx: SetupContext) -> None:
 
 
 def _check_ranks(switches: Switches, ctx: SetupContext) -> str | None:
+    import torch.distributed as dist
+
     cfg = switches.ddp
     if cfg.comm_hook != "none" and ctx.world_size == 1:
         return f"comm_hook={cfg.comm_hook} needs several ranks: run with --nproc N / torchrun"
@@ -190,6 +210,9 @@ def _check_ranks(switches: Switches, ctx: SetupContext) -> str | None:
 
 
 def _check_backend(switches: Switches, ctx: SetupContext) -> str | None:
+    import torch
+    import torch.distributed as dist
+
     cfg = switches.ddp
     if cfg.backend == "nccl" and (ctx.device.type != "cuda" or not torch.cuda.is_available()):
         return f"backend=nccl needs CUDA (device: {ctx.device}); use backend=gloo or auto"
@@ -199,8 +222,11 @@ def _check_backend(switches: Switches, ctx: SetupContext) -> str | None:
 
 
 def _check_wire_dtype(switches: Switches, ctx: SetupContext) -> str | None:
+    import torch
+    import torch.distributed as dist
+
     cfg = switches.ddp
-    dtype = _WIRE_DTYPE.get(cfg.comm_hook)
+    dtype = _wire_dtype(cfg.comm_hook)
     if dtype is None or ctx.world_size == 1 or not dist.is_available():
         return None
     backend = resolve_backend(cfg, ctx.device)

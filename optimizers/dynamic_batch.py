@@ -21,16 +21,18 @@ import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import psutil
-import torch
-from torch import nn
 
 from optimizers.base import Optimization, SetupContext, Switches, TrainSetup
 from optimizers.config import MAX_BATCH, Section
 from optimizers.facts import Candidate, Effect
 from optimizers.vocabulary import Bottleneck
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 @dataclass
@@ -57,9 +59,6 @@ class DynamicBatchConfig(Section):
         self.check_range("fit_margin", lo=0.0, hi=1.0, hi_open=True)
 
 log = logging.getLogger("glmperf.optimizers")
-
-_OOM = (torch.cuda.OutOfMemoryError, MemoryError)  # torch.OutOfMemoryError only from torch 2.5
-
 
 class LatencyController:
     """Shrink by `shrink_step` after a step slower than the target, grow by `grow_step` otherwise."""
@@ -97,12 +96,14 @@ def find_fitting_batch(trial: Callable[[int], int], *, budget_bytes: int, margin
     fit (unless the answer is hi). An out-of-memory error in a trial counts as not fitting.
     Assumes the peak grows with the batch. Raises RuntimeError when even lo does not fit.
     """
+    import torch
+
     limit = (1.0 - margin) * budget_bytes
 
     def fits(batch: int) -> bool:
         try:
             peak = trial(batch)
-        except _OOM:
+        except (torch.cuda.OutOfMemoryError, MemoryError):  # torch.OutOfMemoryError only from torch 2.5
             log.info("dynamic_batch: batch %d ran out of memory", batch)
             return False
         log.info("dynamic_batch: batch %d peaks at %.3f GiB (limit %.3f GiB)",
@@ -148,6 +149,8 @@ def measure_peak_bytes(model: nn.Module, batch_size: int, seq_len: int, vocab: i
     (B, 1, T, T) mask, as blank infilling does, because masked attention takes other kernels.
     Gradients are freed afterwards; the global RNG is not touched.
     """
+    import torch
+
     gen = torch.Generator().manual_seed(batch_size)
     ids = torch.randint(0, vocab, (batch_size, seq_len), generator=gen).to(device)
     kwargs = {}
@@ -193,6 +196,8 @@ def measure_peak_bytes(model: nn.Module, batch_size: int, seq_len: int, vocab: i
 
 def memory_budget(ctx: SetupContext) -> int:
     """ctx.memory_budget_bytes, else the device's total memory (CUDA) or the machine's RAM (CPU)."""
+    import torch
+
     if ctx.memory_budget_bytes:
         return ctx.memory_budget_bytes
     if ctx.device.type == "cuda":
@@ -202,6 +207,8 @@ def memory_budget(ctx: SetupContext) -> int:
 
 def _vocab(model: nn.Module) -> int:
     """Token ids must index the input embedding: the first nn.Embedding's size."""
+    from torch import nn
+
     for module in model.modules():
         if isinstance(module, nn.Embedding):
             return module.num_embeddings
@@ -210,6 +217,8 @@ def _vocab(model: nn.Module) -> int:
 
 def _agree_across_ranks(batch: int, device: torch.device) -> int:
     """Under DDP every rank must run the same batch: the smallest any rank found."""
+    import torch
+
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return batch
     found = torch.tensor([batch], device=device)

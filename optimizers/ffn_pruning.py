@@ -22,15 +22,15 @@ same ones from the same seed before its checkpoint is loaded.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
-from torch import Tensor, nn
+from typing import TYPE_CHECKING, ClassVar
 
 from optimizers.base import FeedForward, Optimization, SetupContext, TrainSetup, blocks
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
 from optimizers.vocabulary import Bottleneck
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
 
 
 @dataclass
@@ -59,6 +59,8 @@ def _unique_mlps(model: nn.Module) -> list[FeedForward]:
 def magnitude_mask(weight: Tensor, sparsity: float) -> Tensor:
     """A bool mask, False on exactly round(sparsity * numel) entries of smallest |w| (ties broken
     by index). Sorts instead of torch.quantile, which refuses tensors over 2**24 elements."""
+    import torch
+
     n_zero = round(sparsity * weight.numel())
     mask = torch.ones(weight.numel(), dtype=torch.bool, device=weight.device)
     if n_zero:
@@ -77,10 +79,12 @@ class MagnitudeMasks:
             weight.register_hook(lambda grad, mask=mask: grad * mask)
         self()
 
-    @torch.no_grad()
     def __call__(self) -> None:
-        for weight, mask in self.pairs:
-            weight.mul_(mask)
+        import torch
+
+        with torch.no_grad():
+            for weight, mask in self.pairs:
+                weight.mul_(mask)
 
     def sparsity(self) -> float:
         """Share of masked entries over all masked weights."""
@@ -100,6 +104,9 @@ def channel_importance(mlp: FeedForward) -> Tensor:
 
 
 def _linear_like(old: nn.Linear, weight: Tensor, bias: Tensor | None) -> nn.Linear:
+    import torch
+    from torch import nn
+
     new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
                     device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
@@ -110,22 +117,24 @@ def _linear_like(old: nn.Linear, weight: Tensor, bias: Tensor | None) -> nn.Line
     return new
 
 
-@torch.no_grad()
 def prune_channels(mlp: FeedForward, sparsity: float) -> tuple[int, int]:
     """Keep the I - round(S * I) most important units (at least one) of a SwiGLU mlp, in their
     original order, in new smaller Linears. Returns (units before, units after)."""
-    gate_up, down = mlp.gate_up_proj, mlp.down_proj
-    units = down.weight.shape[1]
-    if gate_up.weight.shape[0] != 2 * units:
-        raise ValueError(f"gate_up_proj has {gate_up.weight.shape[0]} rows, expected 2 * {units} "
-                         "(gate rows then up rows)")
-    keep_n = max(1, units - round(sparsity * units))
-    keep = channel_importance(mlp).topk(keep_n).indices.sort().values  # (k,), original order
-    rows = torch.cat((keep, keep + units))  # the same units in the gate half and the up half
-    mlp.gate_up_proj = _linear_like(gate_up, gate_up.weight[rows],
-                                    None if gate_up.bias is None else gate_up.bias[rows])
-    mlp.down_proj = _linear_like(down, down.weight[:, keep], down.bias)  # a unit's bias-free column
-    return units, keep_n
+    import torch
+
+    with torch.no_grad():
+        gate_up, down = mlp.gate_up_proj, mlp.down_proj
+        units = down.weight.shape[1]
+        if gate_up.weight.shape[0] != 2 * units:
+            raise ValueError(f"gate_up_proj has {gate_up.weight.shape[0]} rows, expected 2 * {units} "
+                             "(gate rows then up rows)")
+        keep_n = max(1, units - round(sparsity * units))
+        keep = channel_importance(mlp).topk(keep_n).indices.sort().values  # (k,), original order
+        rows = torch.cat((keep, keep + units))  # the same units in the gate half and the up half
+        mlp.gate_up_proj = _linear_like(gate_up, gate_up.weight[rows],
+                                        None if gate_up.bias is None else gate_up.bias[rows])
+        mlp.down_proj = _linear_like(down, down.weight[:, keep], down.bias)  # a unit's bias-free column
+        return units, keep_n
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from optimizers.base import SetupContext, Stage, TrainSetup, blocks
 from optimizers.parallel import ParallelConfig, layout
+
+if TYPE_CHECKING:
+    import torch
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 def mixed_precision(autocast_dtype: torch.dtype | None) -> MixedPrecisionPolicy:
     """Parameters gathered in the autocast dtype, gradients reduced in fp32 (None: fp32 throughout)."""
+    import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy  # imported when a run shards, not at every start
 
     return MixedPrecisionPolicy(param_dtype=autocast_dtype, reduce_dtype=torch.float32)

@@ -20,14 +20,14 @@ initial loss. Draws use torch's global generator: the same seed gives the same w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, ClassVar
 
 from optimizers.base import Optimization, SetupContext, TrainSetup
 from optimizers.config import Section
 from optimizers.vocabulary import Bottleneck
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass
@@ -44,38 +44,43 @@ class InitConfig(Section):
 
 def _norm_weight(module: nn.Module) -> nn.Parameter | None:
     """The scale of a norm layer (a module named *Norm with a 1-d `weight`); None for any other module."""
+    from torch import nn
+
     weight = getattr(module, "weight", None)
     if type(module).__name__.endswith("Norm") and isinstance(weight, nn.Parameter) and weight.dim() == 1:
         return weight
     return None
 
 
-@torch.no_grad()
 def init_weights(model: nn.Module, scheme: str, std: float) -> dict[str, int]:
     """Re-initialize `model` in place; returns how many modules of each kind were touched."""
-    counts = {"linear": 0, "embedding": 0, "norm": 0}
-    for module in model.modules():  # yields a shared module once, so it is drawn once
-        if isinstance(module, nn.Linear):
-            if scheme == "normal":
+    import torch
+    from torch import nn
+
+    with torch.no_grad():
+        counts = {"linear": 0, "embedding": 0, "norm": 0}
+        for module in model.modules():  # yields a shared module once, so it is drawn once
+            if isinstance(module, nn.Linear):
+                if scheme == "normal":
+                    nn.init.normal_(module.weight, mean=0.0, std=std)
+                elif scheme == "xavier":
+                    nn.init.xavier_uniform_(module.weight)
+                else:
+                    nn.init.kaiming_normal_(module.weight, mode="fan_in", nonlinearity="relu")
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+                counts["linear"] += 1
+            elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
-            elif scheme == "xavier":
-                nn.init.xavier_uniform_(module.weight)
-            else:
-                nn.init.kaiming_normal_(module.weight, mode="fan_in", nonlinearity="relu")
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-            counts["linear"] += 1
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if module.padding_idx is not None:
-                module.weight[module.padding_idx].zero_()
-            counts["embedding"] += 1
-        elif (weight := _norm_weight(module)) is not None:
-            nn.init.ones_(weight)
-            if isinstance(bias := getattr(module, "bias", None), nn.Parameter):
-                nn.init.zeros_(bias)
-            counts["norm"] += 1
-    return counts
+                if module.padding_idx is not None:
+                    module.weight[module.padding_idx].zero_()
+                counts["embedding"] += 1
+            elif (weight := _norm_weight(module)) is not None:
+                nn.init.ones_(weight)
+                if isinstance(bias := getattr(module, "bias", None), nn.Parameter):
+                    nn.init.zeros_(bias)
+                counts["norm"] += 1
+        return counts
 
 
 def apply_init(setup: TrainSetup, cfg: InitConfig, ctx: SetupContext) -> None:

@@ -11,12 +11,13 @@ speed and no numerics; the memory it leaves free is what the other processes gai
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from optimizers.base import Optimization, SetupContext, Switches, TrainSetup
 from optimizers.config import Section
+
+if TYPE_CHECKING:
+    pass
 
 
 @dataclass
@@ -30,6 +31,8 @@ class MemoryFractionConfig(Section):
 
 
 def apply_memory_fraction(setup: TrainSetup, cfg: MemoryFractionConfig, ctx: SetupContext) -> None:
+    import torch
+
     if cfg.fraction == 0:  # 0 means "no cap"; torch would read it as a cap of zero bytes
         setup.note("memory_fraction", "no cap")
         return

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from optimizers.base import Optimization, SetupContext, Switches, TrainSetup
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
 from optimizers.vocabulary import Bottleneck
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 @dataclass
@@ -68,12 +69,8 @@ class LrScheduleConfig(Section):
         self.check_range("plateau_patience", lo=1, hi=10**9)
         self.check_range("plateau_factor", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
 
-_CLASSES: dict[str, type[torch.optim.Optimizer]] = {
-    "adamw": torch.optim.AdamW,
-    "sgd": torch.optim.SGD,
-    "rmsprop": torch.optim.RMSprop,
-    "adagrad": torch.optim.Adagrad,
-}
+_CLASSES = {"adamw": "AdamW", "sgd": "SGD", "rmsprop": "RMSprop", "adagrad": "Adagrad"}
+"""The optimizers by name: their classes in torch.optim."""
 # torch offers a fused (single-kernel) implementation only for these.
 _FUSED = {"adamw", "sgd", "adagrad"}
 
@@ -92,6 +89,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig, lr: float) -> torch.optim.Optimizer:
+    import torch
+
     kwargs: dict[str, Any] = {"lr": lr}
     if cfg.name == "adamw":
         kwargs.update(betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
@@ -105,7 +104,8 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, lr: float) -> torch.
         kwargs["foreach"] = True
     elif cfg.impl == "fused":
         kwargs["fused"] = True
-    return _CLASSES[cfg.name](param_groups(model, cfg.weight_decay), **kwargs)
+    optimizer_class: type[torch.optim.Optimizer] = getattr(torch.optim, _CLASSES[cfg.name])
+    return optimizer_class(param_groups(model, cfg.weight_decay), **kwargs)
 
 
 def lr_factor(cfg: LrScheduleConfig, step: int, total_steps: int) -> float:
@@ -171,6 +171,8 @@ def apply_optimizer(setup: TrainSetup, cfg: OptimizerConfig, ctx: SetupContext) 
 
 
 def apply_lr_schedule(setup: TrainSetup, cfg: LrScheduleConfig, ctx: SetupContext) -> None:
+    import torch
+
     if setup.optimizer is None:
         raise RuntimeError("lr_schedule needs the optimizer: apply 'optimizer' first")
     if cfg.name == "plateau":

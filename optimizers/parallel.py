@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from optimizers.base import ModelShape, Optimization, SetupContext, Switches, TrainSetup
 from optimizers.config import Section
 from optimizers.ddp import DdpConfig, init_process_group, local_rank
 from optimizers.facts import Candidate, Derived, Effect
 from optimizers.vocabulary import Bottleneck, Capability
+
+if TYPE_CHECKING:
+    import torch
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 MESH_DIMS = ("pp", "dp", "fsdp", "tp")
@@ -214,6 +215,8 @@ def build_mesh(lay: Layout, device: torch.device) -> torch.distributed.device_me
 
 def apply_parallel(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> None:
     """Join the process group and build the mesh; the loader then shards data by data-parallel replica."""
+    import torch
+
     lay = layout(cfg, ctx.world_size)
     if ctx.device.type == "cuda":
         device = torch.device("cuda", local_rank())

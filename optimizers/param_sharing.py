@@ -26,15 +26,15 @@ keeps each group's first layer and drops the trained weights of the others.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from optimizers.base import Optimization, SetupContext, TrainSetup, blocks
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
 from optimizers.vocabulary import Bottleneck
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass
@@ -62,6 +62,8 @@ def owners(num_layers: int, mode: str, group_size: int) -> list[int]:
 
 def _refuse_disagreeing_duplicates(owner_of: list[int]) -> Any:
     """A load_state_dict pre-hook for the blocks list: a shared block's keys must all agree."""
+    import torch
+
 
     def hook(module: nn.ModuleList, state_dict: dict[str, Any], prefix: str, local_metadata: Any, strict: bool,
              missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:

@@ -14,14 +14,7 @@ passes every rank v times, the bubble shrinks to (p-1)/(v*m+p-1), and sends mult
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import partial
-from typing import TYPE_CHECKING, Protocol, cast
-
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import Tensor, nn
+from typing import TYPE_CHECKING, cast
 
 from optimizers.base import SetupContext, Stage, TrainSetup
 from optimizers.parallel import ParallelConfig
@@ -30,49 +23,7 @@ if TYPE_CHECKING:
     from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
     from torch.distributed.pipelining.stage import _PipelineStageBase  # what torch's schedules take a list of
 
-
-class Decoder(Protocol):
-    """A staged model's decoder (`model.model`): the parts a stage registers; the embedding and the final
-    norm are None on the stages that `keep_stage` left without them."""
-
-    @property
-    def layers(self) -> nn.ModuleList: ...
-    @property
-    def embed_tokens(self) -> nn.Module | None: ...
-    @property
-    def norm(self) -> nn.Module | None: ...
-
-
-class StagedModel(Protocol):
-    """The model protocol's pipeline part, beside `blocks` (reference_model.model.GLMForCausalLM has it):
-    the decoder's parts and lm_head by their HF names, `keep_stage` and `stage_forward`."""
-
-    @property
-    def model(self) -> Decoder: ...
-    @property
-    def lm_head(self) -> nn.Module | None: ...
-    def keep_stage(self, numbers: list[int]) -> None: ...
-    def stage_forward(self, x: Tensor, start: int = 0, stop: int | None = None) -> Tensor: ...
-
-
-class StageModule(nn.Module):
-    """What the schedule calls for one chunk of the rank's kept blocks, [start, stop): the model's
-    `stage_forward` over them. It registers only the chunk's parameters (its blocks, the embedding where
-    it begins the model, the final norm and lm_head where it ends it), since the schedule scales each
-    chunk's gradients by 1/m and FSDP shards each chunk as a root."""
-
-    def __init__(self, model: StagedModel, start: int, stop: int) -> None:
-        super().__init__()
-        inner = model.model
-        self.layers = nn.ModuleList(inner.layers[start:stop])
-        self.embed_tokens = inner.embed_tokens if start == 0 else None
-        ends = stop == len(inner.layers)
-        self.norm: nn.Module | None = inner.norm if ends else None
-        self.lm_head: nn.Module | None = model.lm_head if ends else None
-        self._forward = partial(model.stage_forward, start=start, stop=stop)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self._forward(x)
+    from optimizers.pipeline_schedule import StagedModel
 
 
 def stage_blocks(stage: int, cfg: ParallelConfig, num_layers: int) -> list[list[int]]:
@@ -83,56 +34,20 @@ def stage_blocks(stage: int, cfg: ParallelConfig, num_layers: int) -> list[list[
     return [list(range(c * size, (c + 1) * size)) for c in range(stage, chunks, cfg.pp)]
 
 
-def stage_loss(logits: Tensor, labels: Tensor) -> Tensor:
-    # fp32 cross-entropy over aligned labels; -100 (torch's default ignore_index) is skipped
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
-
-
-@dataclass
-class PipelineRunner:
-    """Runs one batch through the schedule on this rank and returns the batch's mean loss on every
-    rank of the pipeline (the last stage computes it and broadcasts it)."""
-
-    schedule: PipelineScheduleSingle | PipelineScheduleMulti
-    modules: list[StageModule]
-    """The rank's chunks (one unless interleaved), which the schedule calls once per micro-batch each."""
-    blocks: list[int]
-    """The model's numbers of the rank's kept blocks 0, 1, ... (checkpoints are saved under these)."""
-    first: bool
-    last: bool
-    group: dist.ProcessGroup
-    last_rank: int
-    device: torch.device
-
-    def __call__(self, input_ids: Tensor, labels: Tensor) -> Tensor:
-        losses: list[Tensor] = []
-        if self.first:
-            self.schedule.step(input_ids, target=labels if self.last else None, losses=losses)
-        elif self.last:
-            self.schedule.step(target=labels, losses=losses)
-        else:
-            self.schedule.step()
-        loss = torch.stack(losses).mean().detach() if self.last else torch.zeros((), device=self.device)
-        dist.broadcast(loss, src=self.last_rank, group=self.group)
-        return loss
-
-    @property
-    def chunk_blocks(self) -> list[nn.ModuleList]:
-        """Each chunk's blocks, in order."""
-        return [module.layers for module in self.modules]
-
-
 def apply_pipeline(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> None:
     mesh = setup.mesh["pp"]
     stage = mesh.get_local_rank()
     assert ctx.shape is not None  # apply_all reads it off the model
     chunks = stage_blocks(stage, cfg, ctx.shape.num_layers)
-    model = cast(StagedModel, setup.raw_model)  # the model protocol's pipeline part, which a pipeline needs
+    model = cast("StagedModel", setup.raw_model)  # the model protocol's pipeline part, which a pipeline needs
     kept = [n for chunk in chunks for n in chunk]
     model.keep_stage(kept)
     group = mesh.get_group()
     # imported when a pipeline is built: it loads torch._dynamo, about a second of every start otherwise
+    import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    from optimizers.pipeline_schedule import PipelineRunner, StageModule, stage_loss
 
     size, count = len(chunks[0]), cfg.pp * len(chunks)
     modules = [StageModule(model, i * size, (i + 1) * size) for i in range(len(chunks))]

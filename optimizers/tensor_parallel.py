@@ -18,13 +18,14 @@ compile (torchtitan's order).
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from optimizers.base import SetupContext, Stage, TrainSetup, blocks
 from optimizers.parallel import ParallelConfig
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 SHARDED_DIM: dict[str, int] = {
     "self_attn.q_proj.weight": 0, "self_attn.q_proj.bias": 0,
@@ -54,12 +55,16 @@ def interleave_gate_up(weight: torch.Tensor, tp: int) -> torch.Tensor:
     """Rows [gate; up] reordered as [gate_0; up_0; gate_1; up_1; ...], so that the r-th of tp equal
     row chunks holds rank r's slice of both and the MLP's `chunk(2)` of its local output stays
     (gate_r, up_r). Colwise sharding of the fused rows as they are would give one rank all of gate."""
+    import torch
+
     gate, up = weight.chunk(2, dim=0)
     return torch.cat([part for pair in zip(gate.chunk(tp), up.chunk(tp), strict=True) for part in pair])
 
 
 def deinterleave_gate_up(weight: torch.Tensor, tp: int) -> torch.Tensor:
     """The inverse of `interleave_gate_up`: rows [gate; up] again (a checkpoint's one-process form)."""
+    import torch
+
     chunks = weight.chunk(2 * tp)
     return torch.cat([*chunks[0::2], *chunks[1::2]])
 
@@ -109,6 +114,7 @@ def _shard_the_sequence(layers: list[nn.Module], mesh: Any) -> None:
 
 
 def apply_tensor_parallel(setup: TrainSetup, cfg: ParallelConfig, ctx: SetupContext) -> None:
+    import torch
     from torch.distributed.tensor.parallel import parallelize_module
 
     mesh = setup.mesh["tp"]

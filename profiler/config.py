@@ -25,7 +25,7 @@ from profiler.metrics import flatten, lookup
 from profiler.settings import CONFIGS_DIR, ProfileConfig, parse_override, read_yaml, shipped_presets
 from reference_model.config import PRESETS, DataConfig, GLMConfig, TrainConfig, resolve_model_section
 from reference_model.context import resolve_device, setup_context
-from reference_model.data import resolve_corpus
+from reference_model.corpus import resolve_corpus
 
 
 @dataclass

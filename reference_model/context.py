@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from optimizers.base import ModelShape, SetupContext
 from reference_model.config import DataConfig, GLMConfig, TrainConfig
 
+if TYPE_CHECKING:
+    import torch
+
 
 def resolve_device(name: str) -> torch.device:
     """auto -> cuda or cpu; under torchrun a bare `cuda` means this rank's GPU (LOCAL_RANK)."""
+    import torch
+
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)

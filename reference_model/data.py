@@ -9,13 +9,10 @@ see the samples 1 rank of batch 2B sees.
 
 from __future__ import annotations
 
-import functools
-import glob
 import hashlib
 import json
 import os
 import random
-import sysconfig
 import tempfile
 import time
 from collections.abc import Iterator
@@ -28,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from optimizers.config import ConfigError
 from reference_model.config import BYTE_VOCAB, DataConfig
+from reference_model.corpus import ALLOWED, resolve_corpus
 from reference_model.infilling import build_blank_infilling_sample, collate_blank_infilling, source_length
 
 # --------------------------------------------------------------------------------------------
@@ -65,61 +63,6 @@ class ByteTokenizer:
             run = bytearray()
         out.append(run.decode("utf-8", errors="replace"))
         return "".join(out)
-
-
-# --------------------------------------------------------------------------------------------
-# Corpora
-
-_ALLOWED = "allowed: stdlib, synthetic, or text file paths/globs"
-_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
-
-
-def _walk_files(root: Path, suffix: str | None = None) -> list[Path]:
-    """Files under `root`, sorted, skipping hidden entries, __pycache__ and site-packages."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS and not d.startswith(".")]
-        found += [Path(dirpath, f) for f in filenames
-                  if not f.startswith(".") and (suffix is None or f.endswith(suffix))]
-    return sorted(found)
-
-
-@functools.cache
-def _stdlib_files() -> tuple[Path, ...]:
-    """This Python's standard library sources, resolved: listed once per process (runs of one plan
-    share them; the library does not change under a running interpreter)."""
-    return tuple(p.resolve() for p in _walk_files(Path(sysconfig.get_paths()["stdlib"]), ".py"))
-
-
-def resolve_corpus(names: list[str]) -> list[Path] | None:
-    """The files of a corpus, in a fixed order; None for `synthetic` (random tokens, no files).
-
-    `stdlib` is this Python's standard library .py sources (site-packages excluded); any other
-    name is a path or glob (`~` expanded; a directory means every file under it, recursively;
-    binary files are skipped when read). Only lists and stats, so it is cheap at validation time.
-    """
-    if "synthetic" in names:
-        if len(names) > 1:
-            raise ConfigError("data.corpus", f"synthetic cannot be combined with {names}; {_ALLOWED}")
-        return None
-    files: list[Path] = []
-    for name in names:
-        if name == "stdlib":
-            files += _stdlib_files()
-            continue
-        pattern = os.path.expanduser(name)
-        is_glob = any(c in pattern for c in "*?[")
-        matches = sorted(glob.glob(pattern, recursive=True)) if is_glob else [pattern]
-        hits = []
-        for match in map(Path, matches):
-            if match.is_dir():
-                hits += _walk_files(match)
-            elif match.is_file():
-                hits.append(match)
-        if not hits:
-            raise ConfigError("data.corpus", f"{name!r} matches no file; {_ALLOWED}")
-        files += [p.resolve() for p in hits]
-    return list(dict.fromkeys(files))  # dedupe, keep order
 
 
 def _cache_dir(cfg: DataConfig) -> Path:
@@ -186,7 +129,7 @@ def load_tokens(cfg: DataConfig) -> np.ndarray | None:
             Path(tmp).unlink(missing_ok=True)
             raise
     if path.stat().st_size == 0:
-        raise ConfigError("data.corpus", f"{cfg.corpus} holds no text; {_ALLOWED}")
+        raise ConfigError("data.corpus", f"{cfg.corpus} holds no text; {ALLOWED}")
     return np.memmap(path, dtype=dtype, mode="r")
 
 
@@ -254,7 +197,7 @@ class WindowDataset(Dataset):
             self.window_len = source_length(cfg.seq_len, cfg.mask_ratio)
         if tokens is not None and len(tokens) < self.window_len:
             raise ConfigError("data.corpus", f"{cfg.corpus} has {len(tokens)} tokens, fewer than one "
-                              f"window of {self.window_len}; {_ALLOWED}")
+                              f"window of {self.window_len}; {ALLOWED}")
 
     @property
     def num_starts(self) -> int:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from optimizers.attention import AttentionFn, sdpa_attention
+from optimizers.attention_kernels import AttentionFn, sdpa_attention
 from reference_model.config import GLMConfig
 
 IGNORE_INDEX = -100
@@ -299,7 +299,7 @@ class GLMForCausalLM(nn.Module):
 
 
 if TYPE_CHECKING:  # the checker holds the model to the pipeline's protocol (optimizers.pipeline casts to it)
-    from optimizers.pipeline import StagedModel
+    from optimizers.pipeline_schedule import StagedModel
 
     def _staged(model: GLMForCausalLM) -> StagedModel:
         return model

@@ -48,6 +48,8 @@ def preset_changes(run: RunRecord) -> list[str]:
     without them they are computed now, which imports torch (the preset's config needs the catalog)."""
     if run.preset_changes is not None:
         return run.preset_changes
+    if "switches" not in run.config:  # a model of its own (an import, a user's training): no preset to differ from
+        return []
     from profiler.config import preset_changes as computed
 
     return computed(run.config, run.world_size)
@@ -55,6 +57,8 @@ def preset_changes(run: RunRecord) -> list[str]:
 
 def changed_from_preset(run: RunData) -> str:
     """The config keys whose values differ from the run's preset, as `key=value` a user would type."""
+    if "switches" not in run.config:
+        return f"no preset: the model is its own ({run.source} run)"
     try:
         changed = preset_changes(run)
     except ConfigError as exc:

@@ -23,7 +23,7 @@ from torch import nn
 
 from optimizers import SwitchesConfig
 from optimizers.config import build_section
-from optimizers.pipeline import PipelineRunner
+from optimizers.pipeline_schedule import PipelineRunner
 from profiler.advice.saved_tensors import SavedTracker, forward_saved
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.hooks import StepRecord, TrainerHook

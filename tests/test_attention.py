@@ -7,16 +7,8 @@ import pytest
 import torch
 
 from optimizers import SwitchesConfig
-from optimizers.attention import (
-    ATTENTION,
-    OPTIMIZATION,
-    AttentionConfig,
-    _check_objective,
-    apply_attention,
-    eager_attention,
-    linear_attention,
-    sdpa_attention,
-)
+from optimizers.attention import OPTIMIZATION, AttentionConfig, _check_objective, apply_attention
+from optimizers.attention_kernels import ATTENTION, eager_attention, linear_attention, sdpa_attention
 from optimizers.base import TrainSetup
 from reference_model.config import model_config
 from reference_model.model import GLMForCausalLM

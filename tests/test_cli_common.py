@@ -84,3 +84,17 @@ def test_the_read_side_never_imports_torch(completed_run: Path, two_rank_run: Pa
                               timeout=240)
         assert proc.returncode == 0, (args, proc.stderr)
         assert proc.stderr.strip().splitlines()[-1] == "no torch", args
+
+
+def test_an_import_and_every_reading_of_it_never_import_torch(tmp_path: Path) -> None:
+    """A trace imported (two ranks, a GPU's) and then read every way: the catalog's facts and the diagnosis come
+    without torch, which a machine that only reads traces may not even have."""
+    runs_dir = str(tmp_path / "runs")
+    trace = str(ROOT / "tests" / "data" / "traces_public" / "tracelens_mi300_resnet_rccl")
+    for args in (["import", trace, "--name", "mi300"], ["show", "mi300"], ["diagnose", "mi300"],
+                 ["recommend", "mi300", "--json"], ["report", "mi300", "-o", str(tmp_path / "run.html")]):
+        proc = subprocess.run([sys.executable, "-c", READ_SIDE, *args, "--runs-dir", runs_dir], cwd=ROOT, capture_output=True, text=True,
+                              timeout=240)
+        assert proc.returncode == 0, (args, proc.stderr)
+        assert proc.stderr.strip().splitlines()[-1] == "no torch", args
+

@@ -16,6 +16,7 @@ import torch
 
 from optimizers.config import ConfigError
 from reference_model.config import DataConfig
+from reference_model.corpus import resolve_corpus
 from reference_model.data import (
     EOS,
     MASK,
@@ -25,7 +26,6 @@ from reference_model.data import (
     WindowDataset,
     build_loader,
     load_tokens,
-    resolve_corpus,
 )
 
 # Two real files of a few hundred KiB together: enough windows, tokenized in milliseconds.

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from profiler import store
-from profiler.instruments import CpuBackend, Sampler, StepTimer, TraceWindow, choose_backend
 from profiler.instruments import machine as devmod
-from profiler.instruments.step_timer import STEP_COLUMNS, _HwmReset
+from profiler.instruments.samplers import CpuBackend, Sampler, choose_backend
+from profiler.instruments.step_timer import STEP_COLUMNS, StepTimer, _HwmReset
+from profiler.instruments.torch_profiler import TraceWindow
 from profiler.metrics import DERIVED_PHASES, PHASE_COLUMNS, PHASE_NAMES
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.hooks import StepRecord, TrainerHook, TrainStart

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from optimizers.attention import eager_attention, sdpa_attention
+from optimizers.attention_kernels import eager_attention, sdpa_attention
 from reference_model.config import model_config
 from reference_model.model import GLMForCausalLM
 

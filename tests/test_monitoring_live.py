@@ -26,7 +26,7 @@ import yaml
 
 from optimizers.config import ConfigError
 from profiler import api, store
-from profiler.instruments import ReplayBackend
+from profiler.instruments.nvml import ReplayBackend
 from profiler.instruments.prometheus import Figures, PortError
 from tests.conftest import ROOT, TINY, cli, linear_steps
 from tests.test_nvml_replay import RECORDINGS

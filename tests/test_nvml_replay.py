@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from profiler.instruments import CpuBackend, NvmlBackend, ReplayBackend, Sampler, choose_backend, nvml_row
-from profiler.instruments.nvml import decode_throttle
+from profiler.instruments.nvml import NvmlBackend, ReplayBackend, decode_throttle, nvml_row
+from profiler.instruments.samplers import CpuBackend, Sampler, choose_backend
 
 DATA = Path(__file__).parent / "data" / "nvml_replay"
 RECORDINGS = sorted(DATA.glob("*.json"))

@@ -26,8 +26,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from optimizers import REGISTRY, Candidate
 from optimizers.vocabulary import Bottleneck
 from profiler.advice.diagnose import v
@@ -36,6 +34,7 @@ from profiler.advice.recommend import SPEED_ASSUMED, effect_fraction, score_of, 
 from profiler.advice.spread import Spread, run_to_run
 from profiler.analysis import RunData
 from profiler.analysis.figures import Figures
+from profiler.instruments.machine import has_cuda
 from profiler.metrics import PHASE_NAMES, lookup
 from profiler.settings import settings_text
 
@@ -251,7 +250,7 @@ def why_not_probed(rec: Mapping[str, Any], run: RunData) -> str | None:
     layout = {d: lookup(run.config, f"switches.parallel.{d}") or 1 for d in ("fsdp", "tp", "pp")}
     if any(int(ways) > 1 for ways in layout.values()):
         return f"the run's layout ({', '.join(f'{d}={w}' for d, w in layout.items())}) needs its ranks"
-    if run.on_cuda and not torch.cuda.is_available():
+    if run.on_cuda and not has_cuda():
         return "the run ran on a GPU and this machine has none"
     return None
 

@@ -19,7 +19,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from optimizers.parallel import ParallelConfig
-from optimizers.pipeline import stage_loss
+from optimizers.pipeline_schedule import stage_loss
 from optimizers.tensor_parallel import NORMS
 from profiler.advice.saved_tensors import SavedTracker, forward_saved
 from profiler.config import RunConfig

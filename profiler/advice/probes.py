@@ -32,18 +32,17 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from profiler.config import RunConfig, load_config
 from profiler.instruments.machine import cache_dir, cpu_flags, device_name
-from profiler.instruments.step_timer import StepTimer
 from profiler.metrics import PHASE_NAMES
 from profiler.settings import override_texts
 from profiler.store.files import StoreError, write_json_atomic
 from reference_model.context import resolve_device
-from reference_model.trainer import Trainer
+
+if TYPE_CHECKING:
+    pass
 
 WARMUP = 1
 """Steps of each side set apart before the rounds: compile, allocator growth, the loader's first batch. A
@@ -107,6 +106,8 @@ class Probe:
 def probe_key(config: Mapping[str, Any], change: Mapping[str, Any], threads: int) -> str:
     """What decides a probe, hashed: the config less what does not change a step's cost, the change,
     this machine and torch's version."""
+    import torch
+
     flat = _decided(config)
     device = resolve_device(str(flat.get("train.device", "auto")))
     decided = {"config": flat, "change": dict(change), "device": device.type, "device_name": device_name(device),
@@ -159,6 +160,10 @@ class _Side:
     """One config as a live trainer, driven one step at a time, each step timed by the run's step timer."""
 
     def __init__(self, cfg: RunConfig, workdir: Path) -> None:
+        # here: reading cached probes needs neither the trainer nor torch
+        from profiler.instruments.step_timer import StepTimer
+        from reference_model.trainer import Trainer
+
         self.rows = _Rows()
         self.timer = StepTimer(self.rows)
         self.trainer = Trainer(model_cfg=cfg.model, data_cfg=cfg.data, train_cfg=cfg.train, switches=cfg.switches,
@@ -170,6 +175,8 @@ class _Side:
 
     def step(self) -> dict[str, Any]:
         """One optimizer step; its row (phase seconds, tokens, the allocator's step peak on CUDA)."""
+        import torch
+
         self.trainer.run_step(self.step_no, self.batches)
         self.step_no += 1
         if self.cuda:
@@ -180,6 +187,8 @@ class _Side:
     def held_bytes(self) -> float:
         """CPU: the bytes one forward saves for backward plus the parameters, gradients and optimizer
         state (no allocator peak to read); CUDA: the steady steps' median allocator peak."""
+        import torch
+
         if self.cuda:
             peaks = [r["mem_alloc_peak_bytes"] for r in self.rows.rows[WARMUP:]]
             return statistics.median(peaks) if peaks else math.nan
@@ -215,6 +224,8 @@ class Prober:
 
     def __init__(self, config: Mapping[str, Any], *, device: str, threads: int | None = None,
                  workdir: Path | None = None) -> None:
+        import torch
+
         self.config = {**config, "train": {**config["train"], "device": torch.device(device).type}}
         self.threads = threads or torch.get_num_threads()
         self._tmp = tempfile.TemporaryDirectory(prefix="glmperf-probe-", dir=workdir)
@@ -235,6 +246,8 @@ class Prober:
 
     @contextlib.contextmanager
     def _threads(self) -> Iterator[None]:
+        import torch
+
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:

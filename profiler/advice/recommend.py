@@ -25,16 +25,14 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import torch
-
 from optimizers import REGISTRY, Candidate, ConfigError, Optimization
 from optimizers.facts import Effect
 from optimizers.vocabulary import Bottleneck, Capability
 from profiler.advice.diagnose import LOW_PRECISION_SPEEDUP, host_bound, v
-from profiler.advice.plan import plan
 from profiler.analysis import RunData, analyze
 from profiler.analysis.figures import Figures, known
-from profiler.config import build_run_config, load_config
+from profiler.config import RunConfig, build_run_config, load_config
+from profiler.instruments.machine import has_cuda
 from profiler.metrics import PHASE_NAMES, lookup
 from profiler.settings import override_texts
 
@@ -236,7 +234,7 @@ def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, a
     severity = severities(diagnosis)
     caps = capabilities(run, figures, probing=probing)
     cfg = build_run_config(run.config)
-    planned_now = functools.cache(lambda: plan(cfg, run.world_size).per_rank_bytes)  # once, if a layout changes
+    planned_now = functools.cache(lambda: _per_rank_bytes(cfg, run.world_size))  # once, if a layout changes
     current = _current(run.config)
     ranked: list[dict[str, Any]] = []
     excluded: list[dict[str, Any]] = []
@@ -262,13 +260,20 @@ def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, a
     return {"recommendations": ranked[:top] if top else ranked, "excluded": excluded}
 
 
+def _per_rank_bytes(cfg: RunConfig, world_size: int) -> dict[str, int]:
+    """What `glmperf plan` computes a rank of `cfg` holds, by part."""
+    from profiler.advice.plan import plan  # here: it builds the model (torch), which other advice needs not
+
+    return plan(cfg, world_size).per_rank_bytes
+
+
 def _planned(planned_now: Callable[[], dict[str, int]], run: RunData, settings: Mapping[str, Any]) -> str | None:
     """What `glmperf plan` computes a rank holds before and after a change of parallel layout (None for
     other changes): the memory a sharding recommendation saves, for this run's model and batch."""
     if not any(key.startswith("switches.parallel.") for key in settings):
         return None
     after = load_config(base=run.config, overrides=override_texts(settings), nproc=run.world_size, check_here=False)
-    old, new = planned_now(), plan(after, run.world_size).per_rank_bytes
+    old, new = planned_now(), _per_rank_bytes(after, run.world_size)
     change = ", ".join(f"{part} {old[part] / 2**20:,.1f} -> {new[part] / 2**20:,.1f}"
                        for part in ("params", "grads", "optimizer", "activations", "buffers") if old[part] != new[part])
     return (f"`glmperf plan`: {old['total'] / 2**20:,.1f} -> {new['total'] / 2**20:,.1f} MiB a rank "
@@ -286,7 +291,7 @@ def _exclusion(opt: Optimization, candidate: Candidate, cfg: Any, run: RunData,
     unfit = unmet(candidate, caps, allow_model_changes)
     if unfit:
         return unfit
-    if run.on_cuda and not torch.cuda.is_available():
+    if run.on_cuda and not has_cuda():
         return None  # the catalog's checks judge the run's own device, which this machine lacks
     try:
         load_config(base=run.config, overrides=override_texts(settings), nproc=run.world_size)

@@ -24,13 +24,15 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from profiler.analysis import RunData, summary_of
 from profiler.instruments.machine import cache_dir, cpu_flags, device_name
 from profiler.metrics import METRIC_BY_NAME, lookup
 from profiler.store.files import StoreError, write_json_atomic
+
+if TYPE_CHECKING:
+    import torch
 
 METRICS = ("tokens_per_s", "peak_memory")
 GROUPS = 64
@@ -68,6 +70,8 @@ class Spread:
 
 def _file(device: torch.device | str) -> Path | None:
     """This machine's spread file for `device`; None for a GPU this machine does not have."""
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         return None

@@ -14,18 +14,19 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from profiler import store
 from profiler.advice.advise import advise
 from profiler.analysis import RunData, load_run, summarize
 from profiler.analysis.operators import precision_work
 from profiler.config import RunConfig, build_run_config
-from profiler.instruments.machine import MATMUL_DTYPES, matmul_peaks, matmul_speedup, run_peak
+from profiler.instruments.machine import matmul_dtype, matmul_peaks, matmul_speedup, run_peak
 from profiler.traces.summary import trace_summary
 from reference_model.context import resolve_device
+
+if TYPE_CHECKING:
+    import torch
 
 MODEL_FACTS = ("num_params", "flops_per_token", "attention_flops_per_token")
 """run.json `model` of a profile-run run: what its rank 0 counted of the model it built."""
@@ -150,7 +151,7 @@ def shape_speedup(run: RunData, device: torch.device) -> dict[str, float]:
     if not work:
         return {}
     kinds = ("bf16", "fp16") if device.type == "cuda" else ("bf16",)
-    return {kind: matmul_speedup(device, work, MATMUL_DTYPES[kind]) for kind in kinds}
+    return {kind: matmul_speedup(device, work, matmul_dtype(kind)) for kind in kinds}
 
 
 def run_device(run: RunData, cfg: RunConfig | None = None) -> torch.device:
@@ -158,6 +159,8 @@ def run_device(run: RunData, cfg: RunConfig | None = None) -> torch.device:
     recorded one otherwise."""
     if run.source == "profile-run":
         return resolve_device((cfg or build_run_config(run.config)).train.device)
+    import torch  # here, not at the top: an import finishes its run without torch
+
     return torch.device(run.device)
 
 

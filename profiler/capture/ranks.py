@@ -27,10 +27,13 @@ from profiler import store
 from profiler.capture import live_metrics
 from profiler.capture.progress import Progress
 from profiler.config import RunConfig
-from profiler.instruments import Instrument, Sampler, StepTimer, TraceWindow, choose_backend
+from profiler.instruments.base import Instrument
 from profiler.instruments.comm import CommStats
 from profiler.instruments.compile_watch import CompileWatch
 from profiler.instruments.prometheus import MetricsServer, MetricsTap
+from profiler.instruments.samplers import Sampler, choose_backend
+from profiler.instruments.step_timer import StepTimer
+from profiler.instruments.torch_profiler import TraceWindow
 from profiler.settings import ProfileConfig
 from reference_model.context import setup_context
 from reference_model.hooks import TrainerHook

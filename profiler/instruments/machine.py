@@ -22,12 +22,14 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
-import torch
 
 from profiler.instruments.nvml import nvml_status
+
+if TYPE_CHECKING:
+    import torch
 
 # (pattern on the CUDA device name, dense FLOP/s by matmul kind, source). First match wins, so
 # specific names (H100 NVL / PCIe) come before general ones. No "bf16" where the GPU has no bf16
@@ -85,6 +87,8 @@ def cpu_flags() -> list[str]:
 
 
 def device_name(device: torch.device | str) -> str:
+    import torch
+
     device = torch.device(device)
     return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
 
@@ -94,6 +98,8 @@ def environment(device: torch.device | str, *, world_size: int = 1) -> dict[str,
 
     `world_size` is the run's (the launcher knows it; its own environment says 1).
     """
+    import torch
+
     device = torch.device(device)
     nvml_ok, nvml_why = nvml_status(device)
     env: dict[str, Any] = {
@@ -114,14 +120,31 @@ def environment(device: torch.device | str, *, world_size: int = 1) -> dict[str,
     return env
 
 
+def has_cuda() -> bool:
+    """Whether this machine can run CUDA (imports torch: call it only where a run's device matters)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _matmul_kind(dtype: torch.dtype) -> str:
+    import torch
+
     if dtype == torch.float32:  # TF32 tensor cores serve fp32 matmuls unless precision is "highest"
         return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype).removeprefix("torch."))
 
 
-MATMUL_DTYPES: dict[str, torch.dtype] = {"off": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-"""The dtype a run's matmuls run in, by `switches.amp.dtype`: MFU divides by that dtype's peak."""
+MATMUL_DTYPES = {"off": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""The dtype a run's matmuls run in (torch's name), by `switches.amp.dtype`: MFU divides by that dtype's peak."""
+
+
+def matmul_dtype(amp: str) -> torch.dtype:
+    """The torch dtype of a run's matmuls with `switches.amp.dtype` = `amp`."""
+    import torch
+
+    dtype: torch.dtype = getattr(torch, MATMUL_DTYPES[amp])
+    return dtype
 
 
 def run_peak(device: torch.device | str, amp: str) -> dict[str, Any]:
@@ -130,7 +153,7 @@ def run_peak(device: torch.device | str, amp: str) -> dict[str, Any]:
     One device: a GPU, or the whole CPU of one host (ranks on one host share it, so the MFU of a
     run divides by this times the number of GPUs, or of hosts on CPU).
     """
-    dtype = MATMUL_DTYPES[amp]
+    dtype = matmul_dtype(amp)
     flops, source = peak_flops(device, dtype)
     return {"flops": flops, "source": source, "dtype": _matmul_kind(dtype)}
 
@@ -140,9 +163,11 @@ def matmul_peaks(device: torch.device | str) -> dict[str, float]:
     """The device's peak for each matmul dtype a run could switch to, by kind (`fp32` or `tf32`, `bf16`,
     `fp16`): what tells whether low precision pays off here. Calibrated (and cached) where no table
     knows the device; a CPU gets fp32 and bf16 (its fp16 autocast is not a speed path)."""
+    import torch
+
     device = torch.device(device)
     amps = ("off", "bf16", "fp16") if device.type == "cuda" else ("off", "bf16")
-    return {_matmul_kind(MATMUL_DTYPES[amp]): peak_flops(device, MATMUL_DTYPES[amp])[0] for amp in amps}
+    return {_matmul_kind(matmul_dtype(amp)): peak_flops(device, matmul_dtype(amp))[0] for amp in amps}
 
 
 def table_peak(name: str, dtype: torch.dtype) -> tuple[float, str] | None:
@@ -169,6 +194,8 @@ def peak_flops(device: torch.device | str, dtype: torch.dtype, *, budget_s: floa
     A calibration taken while other processes kept the CPU busy (a shared CI runner) is cached
     as provisional: later calls measure again and keep the best, until one is taken undisturbed.
     """
+    import torch
+
     device = torch.device(device)
     name = device_name(device)
     if device.type == "cuda" and (found := table_peak(name, dtype)):
@@ -206,6 +233,8 @@ def _work(kind: str, shapes: tuple[tuple[int, ...], ...], dtype: torch.dtype, de
     backward calls are matmuls of their own in the operator table; attention's backward is not, so
     attention is timed forward and backward (its low-precision backward can be far slower: 20x fp32
     at the tiny preset's shapes on an AMX CPU)."""
+    import torch
+
     tensors = [torch.randn(*shape, device=device) for shape in shapes]
     if kind == "mm":
         a, b = tensors
@@ -229,6 +258,8 @@ def matmul_speedup(device: torch.device | str, work: list[tuple[str, tuple[tuple
     alternating. A device's peak ratio is measured on big squares; a small model's matrices, the
     casts autocast adds and an attention kernel without a fast low-precision path can leave nothing
     of it (bf16 attention ran 0.7x fp32 at the tiny preset's shapes on an avx512_bf16 CPU)."""
+    import torch
+
     device = torch.device(device)
     fp32_s = low_s = 0.0
     for kind, shapes, calls in work:
@@ -247,6 +278,8 @@ _SHAPE_TIMES: dict[tuple[Any, ...], tuple[float, float]] = {}
 
 def _best_times(pair: tuple[Callable[[], Any], Callable[[], Any]], device: torch.device, reps: int
                 ) -> tuple[float, float]:
+    import torch
+
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     best = [math.inf, math.inf]
     for _ in range(reps + 1):
@@ -271,6 +304,8 @@ def calibrate(device: torch.device, dtype: torch.dtype, *, budget_s: float = 0.5
     Returns {"flops", "source", "contended"}; on CPU, `contended` says whether other processes
     used more than CONTENDED_CORES cores meanwhile (the figure is then likely low).
     """
+    import torch
+
     n = 1024 if device.type == "cpu" else 8192
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)

@@ -36,9 +36,11 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
 
 NAN = float("nan")
 
@@ -96,6 +98,8 @@ def nvml_row(raw: dict[str, Any]) -> dict[str, Any]:
 
 def cuda_index(device: torch.device | str) -> int:
     """torch's index of a CUDA device (`cuda` alone means the current one)."""
+    import torch
+
     device = torch.device(device)
     return torch.cuda.current_device() if device.index is None else device.index
 
@@ -106,6 +110,8 @@ def _handle(pynvml: Any, index: int) -> Any:
     NVML numbers all GPUs of the machine, torch only the visible ones (CUDA_VISIBLE_DEVICES), so
     match by UUID first, then by the CUDA_VISIBLE_DEVICES entry, then by position.
     """
+    import torch
+
     try:
         uuid = str(torch.cuda.get_device_properties(index).uuid)
         return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
@@ -229,6 +235,8 @@ class ReplayBackend:
 
 def nvml_status(device: torch.device | str) -> tuple[bool, str]:
     """Whether the NVML sampler can run for `device`, and why (or why not) in words for run.json."""
+    import torch
+
     device = torch.device(device)
     if device.type != "cuda":
         return False, f"no CUDA device: the run's device is {device.type}"
