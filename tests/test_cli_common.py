@@ -93,8 +93,8 @@ def test_an_import_and_every_reading_of_it_never_import_torch(tmp_path: Path) ->
     trace = str(ROOT / "tests" / "data" / "traces_public" / "tracelens_mi300_resnet_rccl")
     for args in (["import", trace, "--name", "mi300"], ["show", "mi300"], ["diagnose", "mi300"],
                  ["recommend", "mi300", "--json"], ["report", "mi300", "-o", str(tmp_path / "run.html")]):
-        proc = subprocess.run([sys.executable, "-c", READ_SIDE, *args, "--runs-dir", runs_dir], cwd=ROOT, capture_output=True, text=True,
-                              timeout=240)
+        proc = subprocess.run([sys.executable, "-c", READ_SIDE, *args, "--runs-dir", runs_dir], cwd=ROOT,
+                              capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, (args, proc.stderr)
         assert proc.stderr.strip().splitlines()[-1] == "no torch", args
 

@@ -159,5 +159,5 @@ def test_the_diagnosis_names_the_rank_the_others_wait_for(delayed: tuple[Path, s
     capsys.readouterr()
     assert main(["diagnose", str(delayed[0]), "--json"]) == 0
     found = {b["kind"]: b for b in json.loads(capsys.readouterr().out)["bottlenecks"]}
-    assert "rank 1 arrives last at its collectives (100% of" in found["straggler"]["message"]
+    assert "rank 1 arrives last at its all_to_all calls (100% of" in found["straggler"]["message"]
     assert "median 20.0 ms after the first" in found["straggler"]["message"]

@@ -77,8 +77,9 @@ def _late(f: Figures) -> float:
 def _straggler_message(f: Figures) -> str:
     if _slow_steps(f) >= _late(f):
         return f"rank {v(f, 'slowest_rank'):.0f}'s steps are {v(f, 'straggler'):.2f}x the median rank's"
-    return (f"rank {v(f, 'late_rank'):.0f} arrives last at its collectives ({v(f, 'late_share'):.0f}% of "
-            f"{v(f, 'late_calls'):.0f} calls, median {v(f, 'late_skew_ms'):.1f} ms after the first: "
+    return (f"rank {v(f, 'late_rank'):.0f} arrives last at its {f['late_rank'].label or 'collectives'} "
+            f"({v(f, 'late_share'):.0f}% of {v(f, 'late_calls'):.0f} calls, "
+            f"median {v(f, 'late_skew_ms'):.1f} ms after the first: "
             f"{100 * _late(f):.0f}% of the step the others wait)")
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from profiler.analysis.figures import Figure, Figures, num
 from profiler.analysis.loader import RunData
 from profiler.metrics import PHASES
+from profiler.traces.collective_skew import straggler_calls
 
 
 def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
@@ -35,7 +36,7 @@ def analyze(run: RunData, summary: Mapping[str, Any]) -> Figures:
     late = ((summary.get("trace") or {}).get("collectives_across_ranks") or {}).get("straggler")
     if late:
         source = "summary.trace.collectives_across_ranks.straggler"
-        out["late_rank"] = Figure(num(late.get("rank")), "rank", f"{source}.rank")
+        out["late_rank"] = Figure(num(late.get("rank")), "rank", f"{source}.rank", label=straggler_calls(late))
         out["late_calls"] = Figure(num(late.get("calls")), "calls", f"{source}.calls")
         out["late_share"] = Figure(num(late.get("last_share")) * 100, "%", f"{source}.last_share")
         out["late_skew_ms"] = Figure(num(late.get("skew_ms")), "ms", f"{source}.skew_ms")

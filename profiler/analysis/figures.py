@@ -19,9 +19,11 @@ class Figure:
     value: float
     unit: str
     source: str
+    label: str = ""
+    """What the number counts where its unit cannot say (a straggler's rank: the calls it is last at)."""
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "label" or v}
 
 
 Figures = dict[str, Figure]

@@ -14,6 +14,7 @@ from typing import IO, Any
 
 from profiler import store
 from profiler.cli import common
+from profiler.traces.collective_skew import straggler_calls
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -153,6 +154,5 @@ def print_collectives(trace: dict[str, Any], out: IO[str]) -> None:
         out.write(f"clocks: {clocks}\n")
     s = across.get("straggler")
     if s:
-        group = f" (process group {s['group']})" if s.get("group") is not None else ""  # absent: an earlier run
         out.write(f"straggler: rank {s['rank']} arrived last in {100 * s['last_share']:.0f}% of {s['calls']} "
-                  f"{s['kind']} calls{group}, median {s['skew_ms']:.1f} ms after the first\n")
+                  f"{straggler_calls(s)}, median {s['skew_ms']:.1f} ms after the first\n")

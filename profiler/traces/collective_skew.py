@@ -230,6 +230,13 @@ def _straggler(groups: list[dict[str, Any]], step_s: float) -> dict[str, Any] | 
     return max(named, key=lambda s: s["skew_ms"] * s["calls"], default=None)
 
 
+def straggler_calls(straggler: Mapping[str, Any]) -> str:
+    """The calls a straggler's evidence counts, as `show` and the diagnosis word them: "all_reduce calls
+    (process group 0)"; no group where the trace names none (or an earlier run stored none)."""
+    group = f" (process group {straggler['group']})" if straggler.get("group") is not None else ""
+    return f"{straggler['kind']} calls{group}"
+
+
 def _group(calls: Mapping[int, pd.DataFrame], group: str) -> dict[str, Any]:
     """A process group as its calls' args name it: `name`, `description`, `ranks`, `size` (the ranks with
     calls in it where the args give none; all null but those for the group of calls that name none)."""
