@@ -48,6 +48,14 @@ def test_a_run_probes_its_advice_at_its_end_and_recommend_reads_it_from_the_cach
     assert all(c["state"] == "left" for c in end["changes"] if "switches.compile.mode" in c["set"])
     line = out.splitlines()[-1]
     assert line.startswith(f"probed {len(measured)} change") and f"`glmperf recommend {record['id']}` uses" in line
+    # the run's stored advice, which its summary above, the report and the dashboard read, is the measured one:
+    # each measured change is advised with its measured range, or excluded for what it measured
+    advice = record["diagnosis"]
+    advised = {json.dumps(r["set"]): r["expected"]["source"] for r in advice["recommendations"]}
+    dropped = {json.dumps(e["set"]): e["reason"] for e in advice["excluded"]}
+    for change in map(json.dumps, measured):
+        assert advised.get(change) == "measured" or dropped[change].startswith("measured on this machine"), change
+    assert ("(measured)" in out.split(line)[0]) == ("measured" in advised.values())
     # recommend asks for the same changes and finds every one the run's end measured in the cache; a budget
     # too small to start a probe: what it has is the cache's
     rec = glmperf("recommend", "plain", "--runs-dir", str(tmp_path / "runs"), "--json", "--probe-budget", "1",

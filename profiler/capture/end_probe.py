@@ -6,8 +6,10 @@ that the first optimizer step imports took 1.25 s of a 3.4 s probe of `small` on
 
 Only a completed single-process run with counted steps is probed, within `profile.probe_budget_s`
 (profile-run --probe-budget), spent as recommend spends its own, except that compile is left to
-recommend: its probe costs its compile time, which no budget can stop. What probing cost goes into
-run.json `end_probes`; a failure into `end_probes_error`, never costing the run its record. Ctrl-C (or
+recommend: its probe costs its compile time, which no budget can stop. The advice with its measured
+ranges replaces run.json `diagnosis` (as `glmperf recommend` stores it), so the summary profile-run then
+prints, the report and the dashboard show what was measured; what probing cost goes into run.json
+`end_probes`; a failure into `end_probes_error`, never costing the run its record. Ctrl-C (or
 SIGTERM) stops the probing and leaves run.json as it was: the run completed, and every probe finished
 before it is cached.
 """
@@ -55,7 +57,7 @@ def probe_at_end(run_dir: Path, *, budget_s: float,
             entry = {"budget_s": budget_s, "seconds": round(time.perf_counter() - started, 1),
                      "measured": probes.get("measured", 0), "cached": probes.get("cached", 0),
                      "changes": probes.get("changes", [])}
-            store.update_run(run_dir, end_probes=entry)
+            store.update_run(run_dir, end_probes=entry, diagnosis=advice)  # one write: Ctrl-C leaves neither
     except KeyboardInterrupt:
         return EndProbes(f"probing stopped: run {run_dir.name} is completed as it was (each probe that finished is "
                          "cached)", interrupted=True)
