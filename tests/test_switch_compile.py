@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from optimizers import SwitchesConfig
-from optimizers.compile import OPTIMIZATION
+from optimizers.compile import OPTIMIZATION, cxx_candidates
 from optimizers.config import build_section
 from reference_model.config import DataConfig, TrainConfig, model_config
 from reference_model.hooks import StepRecord, TrainerHook
@@ -59,3 +61,14 @@ def test_check_needs_the_toolchain(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("shutil.which", lambda name: None)
     assert "C++ compiler" in check(switches, cpu)
     assert check(build_section(SwitchesConfig, {}, "switches"), cpu) is None
+
+
+@pytest.mark.parametrize("cxx", [None, "clang++-17"])
+def test_the_compilers_checked_are_the_ones_inductor_tries(cxx: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    if cxx is None:
+        monkeypatch.delenv("CXX", raising=False)
+    else:
+        monkeypatch.setenv("CXX", cxx)
+    inductors = subprocess.run([sys.executable, "-c", "from torch._inductor import config; print(*config.cpp.cxx)"],
+                               capture_output=True, text=True, check=True).stdout.split()  # it reads $CXX when loaded
+    assert cxx_candidates() == [c for c in inductors if c != "None"]
