@@ -13,15 +13,12 @@ only in spirit. bf16 has fp32's exponent range, so it needs no scaler: we add on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from optimizers.base import Optimization, SetupContext, Switches, TrainSetup
 from optimizers.config import Section
 from optimizers.facts import Candidate, Effect
 from optimizers.vocabulary import Bottleneck, Capability
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass

@@ -60,6 +60,7 @@ class DynamicBatchConfig(Section):
 
 log = logging.getLogger("glmperf.optimizers")
 
+
 class LatencyController:
     """Shrink by `shrink_step` after a step slower than the target, grow by `grow_step` otherwise."""
 

@@ -25,8 +25,6 @@ from optimizers.parallel import ParallelConfig, layout
 
 if TYPE_CHECKING:
     import torch
-
-if TYPE_CHECKING:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
 

@@ -11,13 +11,10 @@ speed and no numerics; the memory it leaves free is what the other processes gai
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from optimizers.base import Optimization, SetupContext, Switches, TrainSetup
 from optimizers.config import Section
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass

@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from profiler.config import RunConfig, load_config
 from profiler.instruments.machine import cache_dir, cpu_flags, device_name
@@ -40,9 +40,6 @@ from profiler.metrics import PHASE_NAMES
 from profiler.settings import override_texts
 from profiler.store.files import StoreError, write_json_atomic
 from reference_model.context import resolve_device
-
-if TYPE_CHECKING:
-    pass
 
 WARMUP = 1
 """Steps of each side set apart before the rounds: compile, allocator growth, the loader's first batch. A
