@@ -13,7 +13,8 @@
    covering all steps), against instruments off; the window's export and operator aggregation
    happen after training and are reported as their own figure (`trace_processing_s`).
 3. `profile-run --preset tiny --steps 50` as a user runs it: wall time, split into start-up
-   (imports, config, model build, until the first step starts), training and finalize.
+   (imports, config, model build, until the first step starts), training, finalize, and the
+   end-probe of its advice (run.json `end_probes.seconds`; `--probe-budget`, 10 s by default).
 """
 
 from __future__ import annotations
@@ -232,8 +233,9 @@ def end_to_end(runs_dir: Path, steps: int) -> list[list[object]]:
     steps_df = store.read_table(run_dir, "steps")
     first_start = float(steps_df["ts_end"].iloc[0] - steps_df["host_s"].iloc[0])
     last_end = float(steps_df["ts_end"].iloc[-1])
+    probing = float((store.read_run(run_dir).get("end_probes") or {}).get("seconds", 0.0))
     return [[f"profile-run --preset tiny --steps {steps}", fmt(wall, ".1f"), fmt(first_start - t0, ".1f"),
-             fmt(last_end - first_start, ".1f"), fmt(t0 + wall - last_end, ".1f")]]
+             fmt(last_end - first_start, ".1f"), fmt(t0 + wall - last_end - probing, ".1f"), fmt(probing, ".1f")]]
 
 
 def main() -> None:
@@ -268,8 +270,8 @@ def main() -> None:
                    "step. Trace processing (export + operator table, after training) is its own column.\n\n")
         out.append(table(["preset", "instruments", "against", "against (ms/step)", "on (ms/step)", "overhead",
                           "trace processing (s)"], rows))
-        out.append("\n" + table(["command", "wall (s)", "start-up (s)", "training (s)", "finalize (s)"],
-                                end_to_end(Path(tmp) / "e2e", 50)))
+        columns = ["command", "wall (s)", "start-up (s)", "training (s)", "finalize (s)", "end-probe (s)"]
+        out.append("\n" + table(columns, end_to_end(Path(tmp) / "e2e", 50)))
     write_result("overhead", "".join(out))
 
 
