@@ -15,9 +15,8 @@ Non-reentrant checkpointing has neither problem and composes with autocast, torc
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from optimizers.base import Optimization, SetupContext, TrainSetup, blocks
 from optimizers.config import Section
@@ -41,26 +40,24 @@ class ActivationCheckpointingConfig(Section):
         self.check_range("every", lo=1, hi=1024)
 
 
-def _checkpointed_call(inner: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    # preserve_rng_state (the default) replays dropout masks exactly in the recompute
+def is_checkpointed(block: nn.Module) -> bool:
     from torch.utils.checkpoint import checkpoint
 
-    return checkpoint(inner, *args, use_reentrant=False, **kwargs)
-
-
-def is_checkpointed(block: nn.Module) -> bool:
     forward = block.__dict__.get("forward")
-    return isinstance(forward, functools.partial) and forward.func is _checkpointed_call
+    return isinstance(forward, functools.partial) and forward.func is checkpoint
 
 
 def checkpoint_block(block: nn.Module) -> None:
     """Make `block` recompute its activations in backward; idempotent.
 
-    A `functools.partial` of a bound method (not a closure) so that `copy.deepcopy` rebinds it to
-    the copy and pickling works.
+    A `functools.partial` of torch's `checkpoint` over the bound method (not a closure) so that
+    `copy.deepcopy` rebinds it to the copy and pickling works. preserve_rng_state (the default) replays
+    dropout masks exactly in the recompute.
     """
+    from torch.utils.checkpoint import checkpoint
+
     if not is_checkpointed(block):
-        block.forward = functools.partial(_checkpointed_call, block.forward)
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
 def chosen_blocks(layers: nn.ModuleList, mode: str, every: int) -> list[nn.Module]:
