@@ -48,7 +48,7 @@ def preset_changes(run: RunRecord) -> list[str]:
     without them they are computed now, which imports torch (the preset's config needs the catalog)."""
     if run.preset_changes is not None:
         return run.preset_changes
-    if "switches" not in run.config:  # a model of its own (an import, a user's training): no preset to differ from
+    if run.own_model:  # no preset to differ from
         return []
     from profiler.config import preset_changes as computed
 
@@ -57,7 +57,7 @@ def preset_changes(run: RunRecord) -> list[str]:
 
 def changed_from_preset(run: RunData) -> str:
     """The config keys whose values differ from the run's preset, as `key=value` a user would type."""
-    if "switches" not in run.config:
+    if run.own_model:
         return f"no preset: the model is its own ({run.source} run)"
     try:
         changed = preset_changes(run)

@@ -227,7 +227,7 @@ def command(run: RunData, settings: Mapping[str, Any]) -> str:
 def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, allow_model_changes: bool = False,
               top: int | None = None, probing: bool = False) -> dict[str, Any]:
     """{"recommendations": [...] ranked, "excluded": [{switch, set, reason}]} for a diagnosed run."""
-    if "switches" not in run.config:  # no config of ours (an imported trace; a user's own training is advised
+    if run.own_model:  # no config of ours (an imported trace; a user's own training is advised
         return {"recommendations": [], "excluded": [],  # in its framework's terms: profiler.advice.framework)
                 "not_recommended": f"the run's model is its own ({run.source} run): the switches are the reference "
                                    "trainer's, so the diagnosis stands without a switch to flip"}

@@ -86,6 +86,12 @@ class RunRecord:
     def config(self) -> dict[str, Any]:
         return _dict(self.record.get("config"))
 
+    @property
+    def own_model(self) -> bool:
+        """Whether the run trained a model of its own (an imported trace, a user's training), not the reference
+        trainer's: its config has no switches of ours, so no preset to differ from and none to flip."""
+        return "switches" not in self.config
+
     def _profile(self, key: str) -> float:
         """config.profile's number `key` (its default when absent); a StoreError naming it when it is no number."""
         value = _dict(self.config.get("profile")).get(key, PROFILE_DEFAULTS[key])
