@@ -45,6 +45,10 @@ def _check_objective(switches: Switches, ctx: SetupContext) -> str | None:
 
 
 _SDPA_BASIS = "attention_scaling.md: eager takes 1.28x sdpa's time at T=256, 1.84x at 1024, 4.56x at 4096"
+_EAGER_BASIS = ("measured, not modelled: on a CPU under torch.compile with bf16, Inductor fuses eager's mask and "
+                "softmax and runs its matmuls as bf16 GEMMs, faster than torch's CPU flash kernel at T=256 "
+                "(docs/BENCHMARKS.md section 7: small, AMD EPYC); in fp32 without compile eager is slower, and on "
+                "CUDA the flash kernel is made to win")
 _LINEAR_BASIS = ("attention_scaling.md: linear takes 0.73x sdpa's time at T=1024, 0.21x at 4096, 0.09x at "
                  "16384 (but 2.36x at T=256)")
 
@@ -71,6 +75,11 @@ OPTIMIZATION = Optimization(
                                   basis="attention=eager row: total 1.14x sdpa's at T=256 (-12% back to sdpa); "
                                         "eager's (B, H, T, T) scores grow with T^2")),
                   note="sdpa equals eager to 1e-5 (tests/test_attention.py)"),
+        Candidate(set={"switches.attention.impl": "eager"}, applies=lambda c: c.impl == "sdpa", risk="numerics",
+                  effects=(Effect("forward", "shrinks", 0.0, 0.0, basis=_EAGER_BASIS),
+                           Effect("backward", "shrinks", 0.0, 0.0, basis=_EAGER_BASIS)),
+                  note="which kernel wins depends on the device, dtype, compiler and shapes: only a probe on the "
+                       "run's own model advises it"),
         Candidate(set={"switches.attention.impl": "linear"}, applies=lambda c: c.impl != "linear",
                   risk="changes_model",
                   effects=(Effect("forward", "shrinks", 0.25, 0.9, scales_with="attention_share",

@@ -129,6 +129,12 @@ class Candidate:
         if not self.set:
             raise ValueError("a candidate sets at least one config key")
 
+    @property
+    def probe_only(self) -> bool:
+        """It has effects and they model no gain (each 0..0): only a probe on the run's own model can advise
+        it. (A candidate without effects is judged by what it prevents: a stability remedy.)"""
+        return bool(self.effects) and all(e.low == e.high == 0.0 for e in self.effects)
+
     def resolve(self, current: Callable[[str], Any]) -> dict[str, Any]:
         """The concrete values to set, callables called with `current(key)`, the key's value now."""
         def one(key: str, value: Value) -> Any:

@@ -19,10 +19,11 @@ import pytest
 
 from profiler import store
 from profiler.advice.advise import advise
-from profiler.advice.measured import ProbeBudget, contention, gain_from_probe
+from profiler.advice.measured import MIN_GAIN, ProbeBudget, contention, gain_from_probe, probe_advice
 from profiler.advice.probes import MIN_ROUNDS, Probe, Prober, keep
+from profiler.advice.recommend import explore
 from profiler.advice.spread import PRIOR_DOF, PRIOR_SIGMA, Spread, record, run_to_run
-from profiler.analysis import load_run
+from profiler.analysis import analyze, load_run
 from profiler.analysis.figures import Figure
 from profiler.metrics import PHASE_NAMES
 from tests.conftest import cli, copy_run, glmperf
@@ -221,3 +222,39 @@ def test_without_probes_every_range_says_it_is_modelled_and_how_to_measure_it(co
     assert "(modelled)" in out.stdout and "(measured)" not in out.stdout
     assert f"`glmperf recommend {completed_run.name}` measures them on this machine" in out.stdout
     assert not (tmp_path / "cache" / "probes").exists()
+
+
+EAGER = {"switches.attention.impl": "eager"}
+
+
+def test_a_kernel_choice_no_model_predicts_is_advised_only_where_a_probe_measured_it(completed_run: Path,
+                                                                                      tmp_path: Path) -> None:
+    run = load_run(copy_run(completed_run, tmp_path / "runs"))
+    # modelled: no gain, so never advised; a probe may try it
+    (dropped,) = [e for e in explore(run)["excluded"] if e["set"] == EAGER]
+    assert dropped["reason"].startswith("not modelled: which kernel wins depends on the device")
+    assert EAGER in [r["set"] for r in explore(run, probing=True)["recommendations"]]
+
+
+def test_tune_verifies_an_explored_change_on_its_probed_point_advice_wants_the_whole_interval(
+        completed_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLMPERF_CACHE", str(tmp_path / "cache"))
+    run = load_run(copy_run(completed_run, tmp_path / "runs"))
+    explored = {**explore(run, probing=True), "explored": True}
+    explored["recommendations"] = [r for r in explored["recommendations"] if r["set"] == EAGER]
+    # a recorded probe of eager attention: forward and backward x0.6 in most rounds, the odd round slower, so the
+    # point is a gain and the interval's low end is not
+    ratios = [0.6, 0.6, 0.6, 1.2, 0.6, 1.2, 0.6, 0.6]
+    prober = Prober(run.config, device=run.device, threads=int(run.rank(0)["torch_threads"]))
+    keep(prober.key(EAGER), Probe(change=EAGER, base=[_phases(forward=1e-4, backward=2e-4)] * 8,
+                                  cand=[_phases(forward=1e-4 * r, backward=2e-4 * r) for r in ratios], cost_s=1.0,
+                                  machine="test", threads=1))
+    prober.close()
+    figures, cache_only = analyze(run), ProbeBudget(total_s=0.0)
+    advised = probe_advice(run, explored, figures, cache_only)
+    (refused,) = [e for e in advised["excluded"] if e["set"] == EAGER]
+    assert refused["reason"].startswith("measured on this machine: tokens/s +")
+    assert not advised["recommendations"]
+    (tried,) = probe_advice(run, explored, figures, cache_only, to_verify=True)["recommendations"]
+    tps = tried["expected"]["tokens_per_s"]
+    assert tried["set"] == EAGER and tps["low"] < MIN_GAIN < tps["point"], tps

@@ -21,12 +21,14 @@ from profiler.analysis import RunData, analyze, stored
 
 def advise(run: RunData, *, allow_model_changes: bool = False, top: int | None = None,
            explore_when_clear: bool = False, probes: ProbeBudget | None = None,
-           progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+           progress: Callable[[str], None] | None = None, to_verify: bool = False) -> dict[str, Any]:
     """The run's diagnosis and recommendations, with the figures they rest on (run.json `diagnosis`).
 
     `explore_when_clear`: a run with no bottleneck gets `explore`'s changes instead of none (`explored`
     says so). `probes`: measure each change's gain on this machine within that budget (a run with no
-    bottleneck is then explored too: what a probe proves faster is advice even where no rule fired)."""
+    bottleneck is then explored too: what a probe proves faster is advice even where no rule fired).
+    `to_verify`: each change will be verified by fresh runs (`glmperf tune`), so an explored change a probe
+    measured faster is kept on its point estimate, not only when its whole interval clears the bar."""
     figures = analyze(run)
     diagnosis = diagnose(figures)
     own = own_training(run)  # its framework's changes, modelled: a probe builds the reference trainer
@@ -39,7 +41,7 @@ def advise(run: RunData, *, allow_model_changes: bool = False, top: int | None =
         advice = recommend(run, figures, diagnosis, allow_model_changes=allow_model_changes,
                            probing=probes is not None)
     if probes is not None and advice["recommendations"] and not own:
-        advice = probe_advice(run, {**diagnosis, **advice}, figures, probes, progress=progress)
+        advice = probe_advice(run, {**diagnosis, **advice}, figures, probes, progress=progress, to_verify=to_verify)
     advice["recommendations"] = advice["recommendations"][:top] if top else advice["recommendations"]
     return {**diagnosis, **advice, "allow_model_changes": allow_model_changes, "figures": stored(figures)}
 

@@ -301,8 +301,9 @@ def _dearest(rec: Mapping[str, Any]) -> bool:
     return any(k.startswith(DEAREST) for k in rec["set"])
 
 
-def _refusal(rec: Mapping[str, Any], explored: bool) -> str | None:
-    """Why a probed (or not probed) recommendation is dropped after all, or None."""
+def _refusal(rec: Mapping[str, Any], explored: bool, to_verify: bool) -> str | None:
+    """Why a probed (or not probed) recommendation is dropped after all, or None. An explored change needs
+    its measured interval's low end to clear MIN_GAIN, or only its point when a verification follows."""
     exp = rec["expected"]
     if exp["source"] == "modelled":
         if explored:
@@ -311,7 +312,7 @@ def _refusal(rec: Mapping[str, Any], explored: bool) -> str | None:
     if rec["judged_by"] != "tokens_per_s":
         return None
     tps = exp["tokens_per_s"]
-    floor = tps["low"] if explored else tps["point"]
+    floor = tps["low"] if explored and not to_verify else tps["point"]
     if floor < (MIN_GAIN if explored else 0.0):
         return (f"measured on this machine: tokens/s {tps['point']:+.1f}% [{tps['low']:+.1f}%, {tps['high']:+.1f}%] "
                 f"({exp['basis']})")
@@ -319,12 +320,13 @@ def _refusal(rec: Mapping[str, Any], explored: bool) -> str | None:
 
 
 def probe_advice(run: RunData, advice: Mapping[str, Any], figures: Figures, budget: ProbeBudget, *,
-                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                 progress: Callable[[str], None] | None = None, to_verify: bool = False) -> dict[str, Any]:
     """`advice` with each recommendation's expected range measured where it can be, re-ranked by it.
 
     Recommendations are probed best first (by their modelled score) until the budget is spent. A change
     a probe measured slower is dropped to `excluded` with its figures; an explored advice (no rule fired)
-    keeps only the changes whose measured interval clears MIN_GAIN. `probes` says what probing cost:
+    keeps only the changes whose measured interval clears MIN_GAIN (`to_verify`: whose point does, since a
+    verification of each follows, as in `glmperf tune`). `probes` says what probing cost:
     `changes`, each change a probe could measure and what became of it (Outcome.as_json), and
     `at_run_end`, what profile-run measured at the run's end (run.json `end_probes`)."""
     explored = bool(advice.get("explored"))
@@ -353,7 +355,7 @@ def probe_advice(run: RunData, advice: Mapping[str, Any], figures: Figures, budg
                                                       rank_tokens=_rank_tokens(run))
                 kinds = [Bottleneck[k.upper()] for k in rec["addresses"]]
                 rec["score"] = score_of(kinds, severity, rec["expected"])[0]
-            refused = _refusal(rec, explored)
+            refused = _refusal(rec, explored, to_verify)
             if refused:
                 excluded.append({"switch": rec["switch"], "set": rec["set"], "reason": refused})
                 continue

@@ -245,6 +245,8 @@ def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, a
             reason = _exclusion(opt, candidate, cfg, run, caps, settings, allow_model_changes)
             if reason == "":
                 continue  # already what the run does: not worth a line
+            if not reason and candidate.probe_only and not probing:
+                reason = f"not modelled: {candidate.note}"
             if reason:
                 excluded.append({"switch": opt.name, "set": dict(settings), "reason": reason})
                 continue

@@ -288,7 +288,7 @@ class Tuner(Recorded):
             # nothing holding the run back: try what makes compute faster
             probes = ProbeBudget(total_s=spec.probe_budget_s) if spec.probe_budget_s > 0 else None
             advice = advise(newest, allow_model_changes=spec.allow_model_changes, explore_when_clear=True,
-                            probes=probes, progress=self.say)
+                            probes=probes, progress=self.say, to_verify=True)
             todo = order([r for r in advice["recommendations"] if _key(r["set"]) not in tried])
             diagnosis = advice["verdict"] + ("; trying what makes compute faster" if advice.get("explored") else "")
             if not todo:
