@@ -33,6 +33,7 @@ from optimizers import (
     pipeline,
     stability,
     tensor_parallel,
+    threads,
 )
 from optimizers.base import (
     Optimization,
@@ -48,6 +49,7 @@ from optimizers.base import (
 # The pipeline's order, and it matters; the reason stands beside each line. A switch's record is its
 # `OPTIMIZATION`; a `STAGE` is a further place where a switch acts (the parallel layout's).
 ORDER: tuple[Optimization | Stage, ...] = (
+    threads.OPTIMIZATION,  # the thread count first: every later switch's work runs on it
     init.OPTIMIZATION,  # initialize weights first: later switches copy or slice them
     param_sharing.OPTIMIZATION,  # tie blocks before anything counts, prunes or wraps them
     ffn_pruning.OPTIMIZATION,  # shrink/mask FFN weights while the modules are still plain

@@ -34,7 +34,7 @@ ENABLED = {
     "amp": "bf16", "activation_checkpointing": "full", "grad_accumulation": 2, "compile": "default",
     "attention": "eager", "param_sharing": "all", "ffn_pruning": "structured", "optimizer": "sgd",
     "lr_schedule": "step", "dataloader": 1, "dynamic_batch": "latency", "stability": {"clip_grad_norm": 0.5},
-    "init": "xavier", "checkpoint": 5,
+    "init": "xavier", "checkpoint": 5, "threads": 1,
 }
 NEEDS_OTHER_CONTEXT = {"ddp": "several ranks", "memory_fraction": "CUDA", "parallel": "several ranks"}
 
@@ -85,7 +85,11 @@ def test_applying_nothing_gives_the_plain_baseline() -> None:
 def test_each_known_switch_applies_and_says_what_it_did(name: str) -> None:
     switches = build_section(SwitchesConfig, {name: ENABLED[name]}, "switches")
     assert REGISTRY.get(name).enabled(getattr(switches, name))
-    setup = apply_all(model(), switches, context())
+    threads = torch.get_num_threads()
+    try:
+        setup = apply_all(model(), switches, context())
+    finally:
+        torch.set_num_threads(threads)  # the threads switch sets the process's
     assert name in setup.applied
     assert any(note.startswith(f"{name}:") for note in setup.notes)
 

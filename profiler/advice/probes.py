@@ -156,10 +156,13 @@ class _Rows:
 class _Side:
     """One config as a live trainer, driven one step at a time, each step timed by the run's step timer."""
 
-    def __init__(self, cfg: RunConfig, workdir: Path) -> None:
+    def __init__(self, cfg: RunConfig, workdir: Path, threads: int) -> None:
         # here: reading cached probes needs neither the trainer nor torch
         from profiler.instruments.step_timer import StepTimer
         from reference_model.trainer import Trainer
+
+        self.threads = cfg.switches.threads.count or threads
+        """torch's threads for this side's steps: its config's, else the run's (the threads switch's change)."""
 
         self.rows = _Rows()
         self.timer = StepTimer(self.rows)
@@ -174,6 +177,7 @@ class _Side:
         """One optimizer step; its row (phase seconds, tokens, the allocator's step peak on CUDA)."""
         import torch
 
+        torch.set_num_threads(self.threads)  # the other side may run on another count
         self.trainer.run_step(self.step_no, self.batches)
         self.step_no += 1
         if self.cuda:
@@ -261,11 +265,11 @@ class Prober:
         cand_cfg = self._config(change, "cand")
         with self._threads():
             if self._base is None:
-                self._base = _Side(self._config({}, "base"), self.workdir / "base")
+                self._base = _Side(self._config({}, "base"), self.workdir / "base", self.threads)
                 for _ in range(WARMUP):
                     self._base.step()
             base = self._base
-            cand = _Side(cand_cfg, self.workdir / "cand")
+            cand = _Side(cand_cfg, self.workdir / "cand", self.threads)
             try:
                 return self._rounds(change, base, cand, started, budget_s, memory, width)
             finally:

@@ -235,14 +235,15 @@ def recommend(run: RunData, figures: Figures, diagnosis: Mapping[str, Any], *, a
     caps = capabilities(run, figures, probing=probing)
     cfg = build_run_config(run.config)
     planned_now = functools.cache(lambda: _per_rank_bytes(cfg, run.world_size))  # once, if a layout changes
-    current = _current(run.config)
+    full = cfg.to_dict()  # the run's config with every default: a run recorded before a switch existed has it
+    current = _current(full)
     ranked: list[dict[str, Any]] = []
     excluded: list[dict[str, Any]] = []
     for opt in REGISTRY:
         kinds = [k for k in opt.addresses if k in severity]
         for candidate in opt.candidates if kinds else ():
             settings = candidate.resolve(current)
-            reason = _exclusion(opt, candidate, cfg, run, caps, settings, allow_model_changes)
+            reason = _exclusion(opt, candidate, cfg, full, run, caps, settings, allow_model_changes)
             if reason == "":
                 continue  # already what the run does: not worth a line
             if not reason and candidate.probe_only and not probing:
@@ -282,13 +283,14 @@ def _planned(planned_now: Callable[[], dict[str, int]], run: RunData, settings: 
             f"({new['total'] / old['total'] - 1:+.0%}; {change or 'no part changes'} MiB)")
 
 
-def _exclusion(opt: Optimization, candidate: Candidate, cfg: Any, run: RunData,
+def _exclusion(opt: Optimization, candidate: Candidate, cfg: Any, full: Mapping[str, Any], run: RunData,
                caps: Mapping[Capability, tuple[bool, str]], settings: Mapping[str, Any],
                allow_model_changes: bool) -> str | None:
-    """Why the candidate is not proposed ('' when the run already does it), or None."""
+    """Why the candidate is not proposed ('' when the run already does it), or None. `full`: the run's
+    config with every default."""
     if not candidate.applies(getattr(cfg.switches, opt.name)):
         return ""
-    if all(lookup(run.config, k) == value for k, value in settings.items()):
+    if all(lookup(full, k) == value for k, value in settings.items()):
         return ""
     unfit = unmet(candidate, caps, allow_model_changes)
     if unfit:
