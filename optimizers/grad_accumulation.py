@@ -41,6 +41,8 @@ def apply_grad_accumulation(setup: TrainSetup, cfg: GradAccumulationConfig, ctx:
 
 
 _ONCE_PER_STEP = "arithmetic: paid once per optimizer step, which now carries 4x the tokens"
+_LARGER = ("measured, not modelled: full checkpointing recomputes the forward (about +33% of the compute) while "
+           "twice the micro-batch may fill the device better; no model predicts which wins")
 
 OPTIMIZATION = Optimization(
     name="grad_accumulation",
@@ -73,5 +75,13 @@ OPTIMIZATION = Optimization(
                                   basis="grad_accumulation=4, batch 2 row: backward 239 -> 268 ms (+12%)")),
                   note="smaller matmuls fill the device less well; the global batch stays the same from "
                        "train.batch_size >= 4"),
+        # the same global batch in twice the micro-batch, its activations paid for by recomputing the forward
+        Candidate(set={"switches.grad_accumulation.steps": lambda steps: max(1, steps // 2),
+                       "train.batch_size": lambda batch: batch * 2,
+                       "switches.activation_checkpointing.mode": "full"},
+                  applies=lambda c: c.steps % 2 == 0, risk="numerics",
+                  effects=tuple(Effect(phase, "shrinks", 0.0, 0.0, basis=_LARGER) for phase in ("forward", "backward")),
+                  note="larger matmuls against a recomputed forward: which wins depends on how well the device's "
+                       "kernels fill at each size, so only a probe on the run's own model advises it"),
     ),
 )

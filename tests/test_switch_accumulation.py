@@ -55,3 +55,22 @@ def test_four_micro_batches_of_two_equal_one_batch_of_eight(tmp_path: Path, obje
     assert small_record.tokens == big_record.tokens == 8 * 32
     torch.testing.assert_close(small_record.loss, big_record.loss)
     torch.testing.assert_close(small_record.grad_norm, big_record.grad_norm)
+
+
+def test_an_accumulating_run_may_double_its_micro_batch_under_checkpointing_only_where_a_probe_says(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from profiler.advice.probes import MIN_ROUNDS, Prober
+    from profiler.advice.recommend import SPEED_ASSUMED, explore, recommend
+    from profiler.analysis import analyze, load_run
+    from tests.conftest import tiny_run
+
+    monkeypatch.setenv("GLMPERF_CACHE", str(tmp_path / "cache"))
+    run = load_run(tiny_run(tmp_path / "runs", "switches.grad_accumulation.steps=2", "profile.trace=false"))
+    change = {"switches.grad_accumulation.steps": 1, "train.batch_size": 8, "switches.activation_checkpointing.mode":
+              "full"}  # the same global batch of 8 (tests.conftest.TINY: batch 4)
+    assert change in [r["set"] for r in explore(run, probing=True)["recommendations"]]
+    (modelled,) = [e for e in recommend(run, analyze(run), SPEED_ASSUMED)["excluded"] if e["set"] == change]
+    assert modelled["reason"].startswith("not modelled: larger matmuls against a recomputed forward")
+    with Prober(run.config, device=run.device) as prober:  # and a probe runs it, tokens counted per step
+        probe = prober.measure(change, budget_s=5)
+    assert probe.rounds >= MIN_ROUNDS and all(0 < r < 10 for r in probe.step_ratios())
