@@ -132,7 +132,7 @@ def test_comm_hooks_cut_the_bytes_each_step_sends(ranks: list[dict]) -> None:
         # for PowerSGD, which gloo can only run as one bucket (optimizers.ddp.bucket_cap_mb).
         assert results["none"]["steps"][-1]["comm"]["buckets"] > 1
         assert {s["comm"]["buckets"] for s in results["powersgd"]["steps"]} == {1}
-        assert "PowerSGD over gloo needs one bucket" in results["powersgd"]["notes"][0]
+        assert any("PowerSGD over gloo needs one bucket" in note for note in results["powersgd"]["notes"])
     assert 4 * powersgd < 4 * total / 20
 
 
