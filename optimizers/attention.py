@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from optimizers.base import Optimization, SetupContext, Switches, TrainSetup, blocks
 from optimizers.config import Section
-from optimizers.facts import Candidate, Effect
+from optimizers.facts import Candidate, Effect, no_modelled_gain
 from optimizers.vocabulary import Bottleneck
 
 
@@ -76,8 +76,7 @@ OPTIMIZATION = Optimization(
                                         "eager's (B, H, T, T) scores grow with T^2")),
                   note="sdpa equals eager to 1e-5 (tests/test_attention.py)"),
         Candidate(set={"switches.attention.impl": "eager"}, applies=lambda c: c.impl == "sdpa", risk="numerics",
-                  effects=(Effect("forward", "shrinks", 0.0, 0.0, basis=_EAGER_BASIS),
-                           Effect("backward", "shrinks", 0.0, 0.0, basis=_EAGER_BASIS)),
+                  effects=no_modelled_gain(_EAGER_BASIS),
                   note="which kernel wins depends on the device, dtype, compiler and shapes: only a probe on the "
                        "run's own model advises it"),
         Candidate(set={"switches.attention.impl": "linear"}, applies=lambda c: c.impl != "linear",

@@ -90,6 +90,12 @@ class Effect:
         return self.low * per_part, self.high * per_part
 
 
+def no_modelled_gain(basis: str) -> tuple[Effect, ...]:
+    """A change's effects when no model predicts its gain (each 0..0 on forward and backward): only a probe
+    on the run's own model can advise it (`Candidate.probe_only`). `basis` says why."""
+    return tuple(Effect(phase, "shrinks", 0.0, 0.0, basis=basis) for phase in ("forward", "backward"))
+
+
 @dataclass(frozen=True)
 class Derived:
     """A value computed from the current values of other keys (`fn(*[current(k) for k in reads])`)."""

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from optimizers.base import Optimization, SetupContext, TrainSetup
 from optimizers.config import Section
-from optimizers.facts import Candidate, Effect
+from optimizers.facts import Candidate, Effect, no_modelled_gain
 from optimizers.vocabulary import Bottleneck
 
 
@@ -80,7 +80,7 @@ OPTIMIZATION = Optimization(
                        "train.batch_size": lambda batch: batch * 2,
                        "switches.activation_checkpointing.mode": "full"},
                   applies=lambda c: c.steps % 2 == 0, risk="numerics",
-                  effects=tuple(Effect(phase, "shrinks", 0.0, 0.0, basis=_LARGER) for phase in ("forward", "backward")),
+                  effects=no_modelled_gain(_LARGER),
                   note="larger matmuls against a recomputed forward: which wins depends on how well the device's "
                        "kernels fill at each size, so only a probe on the run's own model advises it"),
     ),

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from optimizers.base import Optimization, SetupContext, TrainSetup
 from optimizers.config import Section
-from optimizers.facts import Candidate, Derived, Effect
+from optimizers.facts import Candidate, Derived, no_modelled_gain
 from optimizers.vocabulary import Bottleneck
 
 
@@ -51,14 +51,19 @@ def apply_threads(setup: TrainSetup, cfg: ThreadsConfig, ctx: SetupContext) -> N
                ("" if cfg.count else " (the process's default)"))
 
 
-def usable_cpus() -> int:
+def _cpus() -> set[int]:
     """The CPUs this process may run on (its affinity), which torch's default follows."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
+def usable_cpus() -> int:
+    """How many CPUs this process may run on."""
+    return len(_cpus())
 
 
 def physical_cores() -> int:
     """The distinct physical cores among the usable CPUs (Linux topology); the CPUs themselves where unknown."""
-    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cpus = _cpus()
     cores = set()
     for cpu in cpus:
         topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
@@ -81,9 +86,8 @@ def _per_core() -> int:
     return cores if cores < usable_cpus() else 0
 
 
-_PROBED = tuple(Effect(phase, "shrinks", 0.0, 0.0, basis="measured, not modelled: the gain depends on how busy "
-                       "the workers are and how the kernels use the cores") for phase in ("forward", "backward"))
-"""No modelled gain (Candidate.probe_only): only a probe advises a thread count."""
+_PROBED = no_modelled_gain("measured, not modelled: the gain depends on how busy the workers are and how the "
+                           "kernels use the cores")
 
 OPTIMIZATION = Optimization(
     name="threads",

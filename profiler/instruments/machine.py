@@ -100,6 +100,8 @@ def environment(device: torch.device | str, *, world_size: int = 1) -> dict[str,
     """
     import torch
 
+    from optimizers.threads import usable_cpus
+
     device = torch.device(device)
     nvml_ok, nvml_why = nvml_status(device)
     env: dict[str, Any] = {
@@ -107,7 +109,7 @@ def environment(device: torch.device | str, *, world_size: int = 1) -> dict[str,
         "platform": platform.platform(), "hostname": socket.gethostname(),
         "device": str(device), "device_name": device_name(device), "cpu_model": cpu_model(), "cpu_flags": cpu_flags(),
         "cpu_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu_affinity": usable_cpus(),
         "memory_total_bytes": psutil.virtual_memory().total,
         "world_size": world_size,
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
